@@ -1,0 +1,69 @@
+"""Input checks shared by every attention kernel wrapper of the course.
+
+A wrapper calls these before it allocates or launches anything, so bad input gets a
+``ValueError`` or ``TypeError`` that names the argument instead of a wrong answer.
+"""
+from __future__ import annotations
+
+import torch
+
+from course_lib._device import DEVICE, refuse_bf16_in_interpreter
+
+GPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+HEAD_DIMS = (16, 32, 64, 128, 256)
+
+
+def expected_device() -> str:
+    """Where the course's kernels want their tensors: the switch's device."""
+    return DEVICE
+
+
+def check_tensor(name: str, t, ndim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if t.dtype not in GPU_DTYPES:
+        raise TypeError(f"{name} has dtype {t.dtype}; use float16, bfloat16 or float32")
+    if t.device.type != expected_device():
+        raise ValueError(
+            f"{name} is on {t.device}, but the course's kernels run on {expected_device()!r} "
+            "(see course_lib.describe())"
+        )
+
+
+def check_attention_inputs(q, k, v, head_dims=HEAD_DIMS):
+    """Validate q (B, H, N_q, D), k and v (B, H_kv, N_k, D); return (B, H, H_kv, N_q, N_k, D)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, 4)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    B, H, N_q, D = q.shape
+    Bk, H_kv, N_k, Dk = k.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if Bk != B:
+        raise ValueError(f"k has batch {Bk} but q has batch {B}")
+    if Dk != D:
+        raise ValueError(f"k has head dim {Dk} but q has head dim {D}")
+    if H_kv == 0 or H % H_kv != 0:
+        raise ValueError(f"q's {H} heads must be a multiple of k/v's {H_kv} heads (GQA)")
+    if D not in head_dims:
+        raise ValueError(f"head dim {D} of q is not supported; use one of {tuple(head_dims)}")
+    if N_q == 0 or N_k == 0:
+        raise ValueError(f"sequence lengths must be positive, got N_q={N_q}, N_k={N_k}")
+    refuse_bf16_in_interpreter(q, k, v, names=("q", "k", "v"))
+    return B, H, H_kv, N_q, N_k, D
+
+
+def check_sm_scale(sm_scale, D: int) -> float:
+    if sm_scale is None:
+        return D ** -0.5
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
+        raise TypeError(f"sm_scale must be a number or None, got {type(sm_scale).__name__}")
+    sm_scale = float(sm_scale)
+    if not (sm_scale > 0 and sm_scale < float("inf")):
+        raise ValueError(f"sm_scale must be positive and finite, got {sm_scale}")
+    return sm_scale

@@ -1,0 +1,54 @@
+"""The lesson map: one entry per notebook, in teaching order (mirrors the README's table).
+
+Used by notebooks/00_setup.ipynb to print the map and by the tests to keep the README,
+the notebooks and the slide decks in step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Lesson:
+    notebook: str
+    teaches: str
+    deck: str | None  # slides/<deck>.md, or None
+
+
+LESSONS = (
+    Lesson("00_setup", "the environment, CPU interpreter vs GPU, a first Triton kernel", None),
+    Lesson("01_softmax", "naive → safe → online → blocked softmax, counted FLOPs and memory "
+           "accesses, overflow and log-sum-exp, the (m, d) merge", "01_softmax"),
+    Lesson("02_gpu_memory", "SMs, warps, the memory hierarchy, real GPU specs, the roofline",
+           "02_gpu_tiling"),
+    Lesson("03_tiled_matmul", "HBM accesses of naive vs tiled matmul (65536 → 4096), a Triton "
+           "matmul", "02_gpu_tiling"),
+    Lesson("04_attention_io", "standard attention's three kernels and their Θ(Nd + N²) HBM "
+           "traffic", "03_attention_io"),
+    Lesson("05_one_pass_attention", "from online softmax to 2-pass and 1-pass attention",
+           "03_attention_io"),
+    Lesson("06_flash_v1_algorithm", "FlashAttention v1: tiling, mask, dropout, Θ(N²d²/M) IO",
+           "04_flash_v1"),
+    Lesson("07_triton_flash_v1", "the v1 algorithm as a Triton kernel, and why it is slow",
+           "05_triton_flash"),
+    Lesson("08_triton_flash_v2", "v2: loop order, deferred rescale, exp2, causal skipping, "
+           "measured speed and HBM bytes", "05_triton_flash"),
+    Lesson("09_hopper", "FlashAttention-3 ideas in Triton: TMA descriptors, pipelining, "
+           "autotuning", "05_triton_flash"),
+    Lesson("10_backward", "the backward pass, recomputation, Theorem 5, memory saved",
+           "06_backward"),
+    Lesson("11_kv_cache_gqa", "KV-cache sizes, MQA/GQA, why decoding is memory-bound",
+           "07_decoding"),
+    Lesson("12_flash_decoding", "split-KV and the LSE merge, bandwidth against the copy ceiling",
+           "07_decoding"),
+    Lesson("13_paged_attention", "block tables, copy-on-write, waste simulation, paged decode",
+           "07_decoding"),
+    Lesson("14_llama_capstone", "the course kernels inside Hugging Face LLaMA", "07_decoding"),
+)
+
+
+def print_map(available=None) -> None:
+    """Print the lesson map; mark lessons whose notebook is not in ``available`` (a set)."""
+    for lesson in LESSONS:
+        mark = "" if available is None or lesson.notebook in available else "  (coming soon)"
+        print(f"{lesson.notebook:<24} {lesson.teaches}{mark}")

@@ -1,0 +1,65 @@
+"""Numerics testing helpers: the fp32 reference, the 2x error rule, poisoned outputs.
+
+Used by tests/ and by the notebooks' "check" cells (introduced in notebooks/00_setup.ipynb).
+
+The rule (from flash-attention's test-suite): a kernel's error against an fp32 (or fp64)
+reference must be at most twice the error that PyTorch makes in the *same* precision, plus
+a small absolute floor. Errors are printed before the assertion so a failure explains itself.
+"""
+from __future__ import annotations
+
+import torch
+
+from course_lib._device import DEVICE
+
+
+def fresh_randn(*shape, dtype=torch.float32, device=None, seed=None, scale=1.0):
+    """Fresh random normal input (never zeros: zeros hide unwritten outputs)."""
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else seed)
+    x = torch.randn(*shape, generator=gen, dtype=torch.float32) * scale
+    return x.to(device=device or DEVICE, dtype=dtype)
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill a tensor with NaN in place so any element a kernel forgets to write fails the test."""
+    if t.is_floating_point():
+        t.fill_(float("nan"))
+    else:
+        t.fill_(-(2**30))
+    return t
+
+
+def errors(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """(max, mean) absolute error of ``out`` against ``ref``, computed in fp64 on the CPU.
+
+    Positions where both are -inf (e.g. the LSE of a row that sees no key) count as exact.
+    """
+    o = out.detach().to("cpu", torch.float64)
+    r = ref.detach().to("cpu", torch.float64)
+    if o.shape != r.shape:
+        raise ValueError(f"shapes differ: {tuple(o.shape)} vs {tuple(r.shape)}")
+    both_inf = torch.isinf(o) & torch.isinf(r) & (torch.sign(o) == torch.sign(r))
+    diff = (o - r).abs().masked_fill(both_inf, 0.0)
+    if diff.numel() == 0:
+        return 0.0, 0.0
+    diff = torch.nan_to_num(diff, nan=float("inf"))
+    return diff.max().item(), diff.mean().item()
+
+
+def assert_close_2x(out, ref, baseline, name="out", atol=1e-5, factor=2.0, verbose=True):
+    """Assert err(out, ref) <= factor * err(baseline, ref) + atol, with errors printed first.
+
+    ``ref`` is the high-precision reference; ``baseline`` is PyTorch's computation of the same
+    thing in the kernel's own precision.
+    """
+    max_err, mean_err = errors(out, ref)
+    base_max, base_mean = errors(baseline, ref)
+    if verbose:
+        print(f"{name}: max err {max_err:.3e} (torch same precision {base_max:.3e}), "
+              f"mean err {mean_err:.3e} (torch {base_mean:.3e})")
+    bound = factor * base_max + atol
+    assert max_err <= bound, (
+        f"{name}: max error {max_err:.3e} exceeds {factor}x torch's {base_max:.3e} + {atol:g}"
+    )
+    return max_err, base_max

@@ -53,10 +53,11 @@ def from_percent(text: str) -> dict:
             body.pop(0)
         if kind == "markdown":
             body = [ln[2:] if ln.startswith("# ") else ln.lstrip("#") for ln in body]
-            cells.append({"cell_type": "markdown", "metadata": {}, "source": _src(body)})
+            cells.append({"cell_type": "markdown", "id": f"cell-{len(cells)}", "metadata": {},
+                          "source": _src(body)})
         else:
-            cells.append({"cell_type": "code", "execution_count": None, "metadata": {},
-                          "outputs": [], "source": _src(body)})
+            cells.append({"cell_type": "code", "execution_count": None, "id": f"cell-{len(cells)}",
+                          "metadata": {}, "outputs": [], "source": _src(body)})
 
     for line in text.splitlines():
         if line.startswith("# %%"):

@@ -1,0 +1,21 @@
+"""python -m course_lib.bench {attention,decode,matmul,hbm,memory} [options]
+
+Each subject lives in its own module (course_lib/bench/<subject>.py) with a ``main(argv)``.
+"""
+import importlib
+import sys
+
+SUBJECTS = ("attention", "decode", "matmul", "hbm", "memory")
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in SUBJECTS:
+        print(__doc__)
+        return 2
+    module = importlib.import_module(f"course_lib.bench.{argv[0]}")
+    return module.main(argv[1:]) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Timing and bookkeeping shared by every benchmark (see METHOD: warm up, median, same run)."""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import platform
+from pathlib import Path
+
+import torch
+
+import course_lib
+
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+
+
+def require_gpu(what: str) -> None:
+    if course_lib.DEVICE != "cuda":
+        raise SystemExit(f"{what} needs a CUDA GPU; course_lib.DEVICE is {course_lib.DEVICE!r}. "
+                         "Stored results are in course_lib/data/.")
+
+
+def median_ms(fn, warmup_ms: float = 100, rep_ms: float = 500) -> float:
+    """Median time of ``fn()`` in milliseconds, timed with CUDA events (triton's do_bench)."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+@contextlib.contextmanager
+def sdpa_backend(name: str):
+    """Force one PyTorch SDPA backend ('FLASH_ATTENTION', 'CUDNN_ATTENTION', ...)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(getattr(SDPBackend, name)):
+        yield
+
+
+def copy_bandwidth_gbs(nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written."""
+    src = torch.empty(nbytes // 2, dtype=torch.float16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src))
+    return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
+
+
+def matmul_tflops(n: int = 8192, dtype=torch.bfloat16) -> float:
+    """A large dense matmul through torch (cuBLAS): the compute ceiling measured in this run."""
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    ms = median_ms(lambda: a @ b)
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
+def environment() -> dict:
+    """What produced a result: GPU, versions, date. Stored with every JSON file."""
+    import triton
+
+    env = {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+           "torch": torch.__version__, "triton": triton.__version__,
+           "python": platform.python_version(), "device": course_lib.DEVICE}
+    if course_lib.DEVICE == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        env.update(gpu=props.name, sm_count=props.multi_processor_count,
+                   capability=f"sm_{props.major}{props.minor}",
+                   cuda=torch.version.cuda, cudnn=torch.backends.cudnn.version())
+    return env
+
+
+def save_result(name: str, payload: dict, directory: Path | None = None) -> Path:
+    """Write ``payload`` plus the environment to ``<directory>/<name>.json``."""
+    directory = Path(directory or DATA_DIR)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.json"
+    path.write_text(json.dumps({"environment": environment(), **payload}, indent=1) + "\n")
+    return path
+
+
+def load_result(name: str) -> dict | None:
+    """The stored result ``course_lib/data/<name>.json``, or None if it was never measured."""
+    path = DATA_DIR / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def format_table(rows: list[dict], columns: list[str], floatfmt: str = "{:.1f}") -> str:
+    """A plain-text table (no dependency) of ``rows`` restricted to ``columns``."""
+    cells = [[c for c in columns]]
+    for r in rows:
+        cells.append([floatfmt.format(r[c]) if isinstance(r.get(c), float) else
+                      ("-" if r.get(c) is None else str(r[c])) for c in columns])
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    lines = ["  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -63,3 +63,22 @@ def assert_close_2x(out, ref, baseline, name="out", atol=1e-5, factor=2.0, verbo
         f"{name}: max error {max_err:.3e} exceeds {factor}x torch's {base_max:.3e} + {atol:g}"
     )
     return max_err, base_max
+
+
+def attention_same_precision(q, k, v, causal=False, sm_scale=None):
+    """PyTorch's plain attention computed in the inputs' own dtype: the 2x rule's baseline.
+
+    Same conventions as ``course_lib.reference.attention`` (GQA, bottom-right causal, rows that
+    see no key give 0), but every op runs in q's dtype, as a naive PyTorch user would get.
+    """
+    from course_lib.reference import causal_mask, expand_kv
+
+    H, N_q, D = q.shape[1], q.shape[2], q.shape[3]
+    N_k = k.shape[2]
+    scale = D ** -0.5 if sm_scale is None else sm_scale
+    k, v = expand_kv(k, H), expand_kv(v, H)
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(~causal_mask(N_q, N_k, s.device), float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # all -inf rows: NaN -> 0
+    return torch.matmul(p, v)

@@ -1,0 +1,171 @@
+"""FlashAttention-2 forward tuned for Hopper (sm_90): the FlashAttention-3 ideas Triton exposes.
+
+Introduced in notebooks/09_hopper.ipynb. Same algorithm and API as ``flash_v2.py`` (it is
+reached through ``flash_attn_v2(..., impl="hopper")``, chosen automatically on sm_90); what
+changes is how tiles reach shared memory and how deep the pipeline runs:
+
+1. **TMA tensor descriptors.** Q, K, V and O are described once on the host as 4-D tensors
+   (B, H, N, D) with ``triton.tools.tensor_descriptor.TensorDescriptor``. A tile load is one
+   bulk-copy instruction issued by a single thread (``cp.async.bulk.tensor``) instead of
+   every thread computing addresses: registers and issue slots go to the matrix units. The copy
+   engine clips at the tensor's bounds, so ragged N_q and N_k need no load masks at all (rows
+   past the end arrive as zeros, stores past the end are dropped).
+2. **Software pipelining.** ``num_stages`` K/V tiles are in flight while the tensor cores work
+   on the current one; Hopper's 228 KB of shared memory per SM allows 2 to 4 stages at
+   HEAD_DIM 128. The depth is autotuned per head dim together with the tile shape and warps.
+3. **wgmma.** On sm_90 Triton lowers ``tl.dot`` of shared-memory tiles to warp-group MMA
+   (HGMMA in the SASS), which is what makes the larger 128 x 128 tiles pay.
+
+Strided inputs work as long as the last dim is contiguous and the other strides are multiples
+of 16 bytes (TMA's rule); otherwise ``flash_attn_v2`` falls back to the portable kernel.
+The kernel also runs in Triton's interpreter (descriptors are emulated), so CPU tests cover it.
+
+Measured speed: see notebooks/09_hopper.ipynb and course_lib/data/attention_fwd.json.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from course_lib._device import INTERPRET
+from course_lib.kernels.flash_v2 import (LOG2E, _causal_bounds, _epilogue, _online_softmax_step,
+                                         allocate_outputs, dot_precision)
+
+
+@triton.jit
+def _fwd_inner_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m, lo, hi, N_K, q_offset,
+                   qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        k = desc_k.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+        qk = tl.dot(q, k.T, input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
+        offs_n = start_n + offs_n0
+        valid = offs_n[None, :] < N_K
+        if CAUSAL:
+            valid = valid & (offs_n[None, :] <= offs_m[:, None] + q_offset)
+        p, m_i, l_i, acc = _online_softmax_step(qk, m_i, l_i, acc, valid, qk_scale, MASKED)
+        v = desc_v.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _flash_fwd_v2_hopper_kernel(
+    desc_q, desc_k, desc_v, desc_o, LSE,
+    qk_scale, H, GROUP, N_Q, N_K, N_BUCKET,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)  # heads vary fastest: a GQA group runs side by side
+    pid_m = tl.program_id(1)
+    if CAUSAL:
+        pid_m = tl.num_programs(1) - 1 - pid_m
+    b = pid_bh // H
+    h = pid_bh % H
+    h_kv = h // GROUP
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+
+    q = desc_q.load([b, h, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)  # rows past N_Q are zeros
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+
+    lo_masked, hi = _causal_bounds(start_m, N_Q, N_K, CAUSAL, BLOCK_M, BLOCK_N)
+    q_offset = N_K - N_Q
+    acc, m_i, l_i = _fwd_inner_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m,
+                                   0, lo_masked, N_K, q_offset, qk_scale,
+                                   HEAD_DIM, BLOCK_N, False, CAUSAL, DOT_PRECISION)
+    acc, m_i, l_i = _fwd_inner_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m,
+                                   lo_masked, hi, N_K, q_offset, qk_scale,
+                                   HEAD_DIM, BLOCK_N, True, CAUSAL, DOT_PRECISION)
+
+    o, lse = _epilogue(acc, m_i, l_i)
+    desc_o.store([b, h, start_m, 0], o.to(desc_o.dtype).reshape(1, 1, BLOCK_M, HEAD_DIM))
+    tl.store(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
+
+
+def _set_block_shapes(nargs):
+    """Autotune pre-hook: the descriptors' tile shapes follow the config being tried."""
+    bm, bn, d = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["HEAD_DIM"]
+    nargs["desc_q"].block_shape = [1, 1, bm, d]
+    nargs["desc_o"].block_shape = [1, 1, bm, d]
+    nargs["desc_k"].block_shape = [1, 1, bn, d]
+    nargs["desc_v"].block_shape = [1, 1, bn, d]
+
+
+def _cfg(bm, bn, warps, stages):
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages,
+                         pre_hook=_set_block_shapes)
+
+
+HOPPER_CONFIGS = [
+    _cfg(128, 128, 8, 2), _cfg(128, 128, 8, 3), _cfg(128, 64, 4, 3), _cfg(128, 64, 4, 4),
+    _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3), _cfg(64, 64, 4, 2), _cfg(64, 32, 4, 3),
+]
+
+
+def keep_hopper_config(configs, named_args, **kwargs):
+    """Autotune filter: what fits an sm_90 SM's 228 KB for this head dim.
+
+    HEAD_DIM 256 keeps 64-row tiles with at most 64 keys (Q tile 32 KB + 2 x 2 stages of
+    K/V 32 KB each); HEAD_DIM <= 64 drops 32-key tiles (too little MMA work per TMA copy).
+    """
+    d = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
+    kept = []
+    for c in configs:
+        bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
+        if d >= 256 and (bm > 64 or bn > 64 or c.num_stages > 2):
+            continue
+        if d <= 64 and bn < 64:
+            continue
+        kept.append(c)
+    return kept or configs[-1:]
+
+
+INTERPRETER_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 16}
+
+_hopper_tuned = triton.autotune(
+    configs=HOPPER_CONFIGS,
+    key=["N_BUCKET", "HEAD_DIM", "CAUSAL", "DOT_PRECISION", "GROUP"],
+    prune_configs_by={"early_config_prune": keep_hopper_config},
+)(_flash_fwd_v2_hopper_kernel)
+
+def tma_compatible(t: torch.Tensor) -> bool:
+    """TMA's rules: last dim contiguous, other strides and the base 16-byte aligned."""
+    es = t.element_size()
+    return (t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all((s * es) % 16 == 0 for s in t.stride()[:-1]))
+
+
+def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    return TensorDescriptor.from_tensor(t, [1, 1, rows, t.shape[-1]])
+
+
+def forward_hopper(q, k, v, causal, sm_scale, out=None):
+    """Forward on validated inputs with the TMA kernel: (o, lse)."""
+    B, H, N_Q, D = q.shape
+    H_KV, N_K = k.shape[1], k.shape[2]
+    q, k, v = (t if tma_compatible(t) else t.contiguous() for t in (q, k, v))
+    o, lse = allocate_outputs(q, out)
+    # block shapes are placeholders: the pre-hook (GPU) or the line below (interpreter) sets them
+    descs = [_descriptor(t, 16) for t in (q, k, v, o)]
+    args = (*descs, lse, sm_scale * LOG2E, H, H // H_KV, N_Q, N_K,
+            triton.next_power_of_2(max(N_Q, N_K)))
+    meta = dict(HEAD_DIM=D, CAUSAL=bool(causal), DOT_PRECISION=dot_precision(q.dtype))
+    if INTERPRET:
+        named = dict(desc_q=descs[0], desc_k=descs[1], desc_v=descs[2], desc_o=descs[3],
+                     HEAD_DIM=D, **INTERPRETER_BLOCKS)
+        _set_block_shapes(named)
+        grid = (B * H, triton.cdiv(N_Q, INTERPRETER_BLOCKS["BLOCK_M"]))
+        _flash_fwd_v2_hopper_kernel[grid](*args, **meta, **INTERPRETER_BLOCKS)
+    else:
+        def grid(m):
+            return (B * H, triton.cdiv(N_Q, m["BLOCK_M"]))
+
+        _hopper_tuned[grid](*args, **meta)
+    return o, lse

@@ -1,0 +1,129 @@
+"""flash_attn_v2 forward (portable and Hopper kernels) against the fp32 reference, 2x rule."""
+import pytest
+import torch
+
+import course_lib
+from course_lib.kernels.flash_v2 import IMPLS, _flash_attn_v2_forward, flash_attn_v2
+from course_lib.reference import attention
+from course_lib.testing import assert_close_2x, attention_same_precision, fresh_randn, poison_
+
+DTYPES = [torch.float32, torch.float16] if course_lib.INTERPRET else [torch.float16,
+                                                                        torch.bfloat16]
+
+SHAPES = [  # B, H, H_kv, N_q, N_k, D
+    (1, 2, 2, 1, 1, 64),
+    (1, 2, 2, 17, 17, 32),
+    (2, 2, 1, 64, 64, 64),
+    (1, 4, 2, 97, 97, 64),
+    (1, 2, 2, 130, 130, 16),
+    (1, 2, 2, 17, 130, 64),    # N_q < N_k (a chunk of new queries against a longer cache)
+    (1, 2, 1, 130, 97, 128),   # N_q > N_k: with causal, the first rows see no key
+    (1, 1, 1, 64, 40, 256),
+]
+
+
+def _inputs(B, H, H_kv, N_q, N_k, D, dtype, scale=1.0):
+    return (fresh_randn(B, H, N_q, D, dtype=dtype, scale=scale),
+            fresh_randn(B, H_kv, N_k, D, dtype=dtype), fresh_randn(B, H_kv, N_k, D, dtype=dtype))
+
+
+def _poisoned(q):
+    B, H, N_q, D = q.shape
+    return (poison_(torch.empty(B, H, N_q, D, dtype=q.dtype, device=q.device)),
+            poison_(torch.empty(B, H, N_q, dtype=torch.float32, device=q.device)))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_forward_matches_reference(shape, causal, dtype, impl):
+    q, k, v = _inputs(*shape, dtype)
+    sm_scale = shape[-1] ** -0.5
+    o, lse = _flash_attn_v2_forward(q, k, v, causal, sm_scale, impl, out=_poisoned(q))
+    ref_o, ref_lse = attention(q, k, v, causal=causal, return_lse=True)
+    baseline = attention_same_precision(q, k, v, causal=causal)
+    assert not torch.isnan(o).any(), "an output element was never written (or is NaN)"
+    assert_close_2x(o, ref_o, baseline, name=f"O {impl}")
+    assert_close_2x(lse, ref_lse, ref_lse, name=f"lse {impl}", atol=1e-4)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_public_api_and_lse(impl):
+    q, k, v = _inputs(1, 2, 2, 33, 45, 64, torch.float16)
+    o = flash_attn_v2(q, k, v, causal=True, impl=impl)
+    o2, lse = flash_attn_v2(q, k, v, causal=True, return_lse=True, impl=impl)
+    assert torch.equal(o, o2) and lse.shape == (1, 2, 33) and lse.dtype == torch.float32
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_rows_that_see_no_key_are_zero_not_nan(impl):
+    q, k, v = _inputs(1, 2, 2, 50, 10, 32, torch.float16)
+    o, lse = flash_attn_v2(q, k, v, causal=True, return_lse=True, impl=impl)
+    blind = 50 - 10  # bottom-right: query i sees keys j <= i - 40
+    assert torch.all(o[:, :, :blind] == 0) and torch.all(torch.isinf(lse[:, :, :blind]))
+    assert torch.isfinite(o).all()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_extreme_logits(impl):
+    q, k, v = _inputs(1, 2, 2, 70, 70, 32, torch.float32)
+    for causal in (False, True):
+        o, lse = flash_attn_v2(q, k, v, causal=causal, sm_scale=1e4, return_lse=True, impl=impl)
+        ref_o, ref_lse = attention(q, k, v, causal=causal, sm_scale=1e4, return_lse=True)
+        assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+        torch.testing.assert_close(o, ref_o, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-5)
+
+
+def test_strided_inputs_need_no_copy_to_be_right():
+    # (B, N, H, D) storage seen as (B, H, N, D): what Hugging Face models hand over
+    B, N, H, D = 1, 37, 2, 64
+    q, k, v = (fresh_randn(B, N, H, D, dtype=torch.float16).transpose(1, 2) for _ in range(3))
+    for impl in IMPLS:
+        o = flash_attn_v2(q, k, v, causal=True, impl=impl)
+        assert_close_2x(o, attention(q, k, v, causal=True),
+                        attention_same_precision(q, k, v, causal=True), name=impl)
+
+
+def test_bad_input_names_the_argument():
+    q, k, v = _inputs(1, 2, 2, 16, 16, 64, torch.float16)
+    with pytest.raises(ValueError, match="q must have 4 dimensions"):
+        flash_attn_v2(q[0], k, v)
+    with pytest.raises(ValueError, match="head dim"):
+        flash_attn_v2(q, k[..., :32], v[..., :32])
+    with pytest.raises(ValueError, match="k and v must have the same shape"):
+        flash_attn_v2(q, k, v[:, :, :8])
+    with pytest.raises(TypeError, match="share one dtype"):
+        flash_attn_v2(q, k.float(), v)
+    with pytest.raises(ValueError, match="multiple of"):
+        flash_attn_v2(fresh_randn(1, 3, 16, 64, dtype=torch.float16), k, v)
+    with pytest.raises(ValueError, match="not supported"):
+        d = 48
+        flash_attn_v2(q[..., :d], k[..., :d], v[..., :d])
+    with pytest.raises(ValueError, match="sm_scale"):
+        flash_attn_v2(q, k, v, sm_scale=-1.0)
+    with pytest.raises(ValueError, match="impl"):
+        flash_attn_v2(q, k, v, impl="cuda-graphs")
+    with pytest.raises(TypeError, match="causal"):
+        flash_attn_v2(q, k, v, causal="yes")
+    with pytest.raises(TypeError, match="q has dtype"):
+        flash_attn_v2(q.to(torch.int32), k, v)
+
+
+@pytest.mark.skipif(not course_lib.INTERPRET, reason="bf16 is refused only in the interpreter")
+def test_bf16_refused_in_interpreter():
+    q, k, v = _inputs(1, 1, 1, 16, 16, 64, torch.bfloat16)
+    with pytest.raises(TypeError, match="bfloat16"):
+        flash_attn_v2(q, k, v)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("D", [64, 128])
+def test_gpu_long_sequences(D, causal):
+    q, k, v = _inputs(2, 8, 2, 4096 + 17, 4096 + 17, D, torch.bfloat16)
+    ref = attention(q, k, v, causal=causal)
+    for impl in IMPLS:
+        o = flash_attn_v2(q, k, v, causal=causal, impl=impl)
+        assert_close_2x(o, ref, attention_same_precision(q, k, v, causal=causal), name=impl)

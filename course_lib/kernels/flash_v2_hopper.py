@@ -30,8 +30,14 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from course_lib._device import INTERPRET
-from course_lib.kernels.flash_v2 import (LOG2E, _causal_bounds, _epilogue, _online_softmax_step,
-                                         allocate_outputs, dot_precision)
+from course_lib.kernels.flash_v2 import (
+    LOG2E,
+    _causal_bounds,
+    _epilogue,
+    _online_softmax_step,
+    allocate_outputs,
+    dot_precision,
+)
 
 
 @triton.jit

@@ -254,7 +254,8 @@ def flash_v1_reference(q, k, v, block_m, block_n, causal=False, dropout_p=0.0, d
     The normaliser l̃ counts every probability; dropout (Z = keep / (1 - p), the shared
     ``dropout_mask``) touches only the P̃ that multiplies V. ``hbm``: an
     ``iomodel.attention.HBMCounter`` (or anything with read/write) told of every load and store.
-    ``trace``: called after every step with a dict (the tile walk draws them).
+    ``trace``: called after every step with a dict: the step (i, j), its rows and cols, and for
+    (batch 0, head 0) the block's scores S and its rows' m and l (the tile walk draws them).
     ``skip_masked_blocks``: causal only, leave out blocks that no row of Q_i can see.
     """
     q, k, v, scale, visible, z = _prepare(q, k, v, causal, sm_scale, dropout_p, dropout_seed)
@@ -298,7 +299,7 @@ def flash_v1_reference(q, k, v, block_m, block_n, causal=False, dropout_p=0.0, d
             _store(hbm, "m", m[:, :, r0:r1], m_new)
             if trace is not None:
                 trace({"order": "v1", "i": i, "j": j, "rows": (r0, r1), "cols": (c0, c1),
-                       "S": S_ij[0, 0], "m": m[0, 0].clone(), "l": l[0, 0].clone(),
+                       "S": S_ij[0, 0], "m": m_new[0, 0], "l": l_new[0, 0],
                        "hbm": hbm.snapshot() if hbm is not None else None})
     lse = m + torch.log(l)                                     # (B, H, N_q)
     return (O, lse) if return_lse else O
@@ -346,7 +347,7 @@ def flash_v2_reference(q, k, v, block_m, block_n, causal=False, dropout_p=0.0, d
             m_i = m_new
             if trace is not None:
                 trace({"order": "v2", "i": i, "j": j, "rows": (r0, r1), "cols": (c0, c1),
-                       "S": S_ij[0, 0], "m": m_i[0, 0].clone(), "l": l_i[0, 0].clone(),
+                       "S": S_ij[0, 0], "m": m_i[0, 0], "l": l_i[0, 0],
                        "hbm": hbm.snapshot() if hbm is not None else None})
         _store(hbm, "O", O[:, :, r0:r1], acc * _safe_inv(l_i)[..., None])  # the one division
         _store(hbm, "lse", lse[:, :, r0:r1], m_i + torch.log(l_i))

@@ -43,7 +43,8 @@ def check_attention_inputs(q, k, v, head_dims=HEAD_DIMS):
     B, H, N_q, D = q.shape
     Bk, H_kv, N_k, Dk = k.shape
     if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+        raise ValueError(
+            f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     if Bk != B:
         raise ValueError(f"k has batch {Bk} but q has batch {B}")
     if Dk != D:

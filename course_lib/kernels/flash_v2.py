@@ -187,17 +187,14 @@ def _cfg(bm, bn, warps, stages):
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
 
 
-PORTABLE_CONFIGS = [
-    _cfg(128, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(128, 128, 8, 3), _cfg(128, 32, 4, 4),
-    _cfg(64, 64, 4, 3), _cfg(64, 32, 4, 4), _cfg(64, 64, 4, 2),
-]
+PORTABLE_CONFIGS = [_cfg(128, 64, 4, 3), _cfg(128, 128, 8, 3), _cfg(64, 64, 4, 3)]
 
 
 def keep_config_for_head_dim(configs, named_args, **kwargs):
     """Autotune filter: tiles whose shared memory fits, sized to the head dim.
 
     HEAD_DIM 256 keeps only 64-row tiles (a 128 x 256 Q tile plus K/V stages overflows the
-    228 KB of an H100 SM); small head dims drop 32-wide key tiles (too little work per step).
+    228 KB of an H100 SM); HEAD_DIM 128 drops 128 x 128 with 3 stages for the same reason.
     """
     d = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
     kept = []
@@ -205,14 +202,16 @@ def keep_config_for_head_dim(configs, named_args, **kwargs):
         bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
         if d >= 256 and (bm > 64 or bn > 64):
             continue
-        if d <= 64 and bn < 64:
-            continue
         if d == 128 and bn > 64 and c.num_stages > 2:
             continue
         kept.append(c)
     return kept or configs[-1:]
 
 
+# Autotuning compiles every kept config once per (head dim, causal, dtype, group) and times
+# them once per length bucket: worth it for long sequences only. Shorter problems (and the
+# first call of every new shape in a test-suite) use the first kept config directly.
+AUTOTUNE_MIN_N = 2048
 INTERPRETER_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 16}
 
 _portable_tuned = triton.autotune(
@@ -220,6 +219,29 @@ _portable_tuned = triton.autotune(
     key=["N_BUCKET", "HEAD_DIM", "CAUSAL", "DOT_PRECISION", "GROUP"],
     prune_configs_by={"early_config_prune": keep_config_for_head_dim},
 )(_flash_fwd_v2_kernel)
+
+
+def launch(kernel, tuned, configs, keep, grid_of, args, meta, n_bucket, pre_hook=None):
+    """Launch ``kernel`` in one of three ways: interpreter blocks, a fixed config, or autotuned.
+
+    ``grid_of(BLOCK_M)`` gives the grid; ``pre_hook(named_args)`` prepares a fixed config's
+    launch the way the autotuner's config pre-hook would (TMA descriptors' block shapes).
+    """
+    if INTERPRET:
+        blocks = dict(INTERPRETER_BLOCKS)
+        if pre_hook is not None:
+            pre_hook({**meta, **blocks, **dict(zip(("desc_q", "desc_k", "desc_v", "desc_o"),
+                                                   args[:4]))})
+        kernel[grid_of(blocks["BLOCK_M"])](*args, **meta, **blocks)
+    elif n_bucket < AUTOTUNE_MIN_N:
+        cfg = keep(configs, {}, **meta)[0]
+        if pre_hook is not None:
+            pre_hook({**meta, **cfg.kwargs, **dict(zip(("desc_q", "desc_k", "desc_v", "desc_o"),
+                                                       args[:4]))})
+        kernel[grid_of(cfg.kwargs["BLOCK_M"])](*args, **meta, **cfg.kwargs,
+                                               num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    else:
+        tuned[lambda m: grid_of(m["BLOCK_M"])](*args, **meta)
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -247,15 +269,9 @@ def _forward_portable(q, k, v, causal, sm_scale, out=None):
             v.stride(0), v.stride(1), v.stride(2),
             o.stride(0), o.stride(1), o.stride(2),
             sm_scale * LOG2E, H, H // H_KV, N_Q, N_K, triton.next_power_of_2(max(N_Q, N_K)))
-    meta = dict(HEAD_DIM=D, CAUSAL=bool(causal), DOT_PRECISION=dot_precision(q.dtype))
-    if INTERPRET:
-        grid = (B * H, triton.cdiv(N_Q, INTERPRETER_BLOCKS["BLOCK_M"]))
-        _flash_fwd_v2_kernel[grid](*args, **meta, **INTERPRETER_BLOCKS)
-    else:
-        def grid(m):
-            return (B * H, triton.cdiv(N_Q, m["BLOCK_M"]))
-
-        _portable_tuned[grid](*args, **meta)
+    meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype)}
+    launch(_flash_fwd_v2_kernel, _portable_tuned, PORTABLE_CONFIGS, keep_config_for_head_dim,
+           lambda bm: (B * H, triton.cdiv(N_Q, bm)), args, meta, args[-1])
     return o, lse
 
 

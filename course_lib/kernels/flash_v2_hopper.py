@@ -29,7 +29,6 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from course_lib._device import INTERPRET
 from course_lib.kernels.flash_v2 import (
     LOG2E,
     _causal_bounds,
@@ -37,6 +36,7 @@ from course_lib.kernels.flash_v2 import (
     _online_softmax_step,
     allocate_outputs,
     dot_precision,
+    launch,
 )
 
 
@@ -109,17 +109,14 @@ def _cfg(bm, bn, warps, stages):
                          pre_hook=_set_block_shapes)
 
 
-HOPPER_CONFIGS = [
-    _cfg(128, 128, 8, 2), _cfg(128, 128, 8, 3), _cfg(128, 64, 4, 3), _cfg(128, 64, 4, 4),
-    _cfg(128, 64, 8, 3), _cfg(64, 64, 4, 3), _cfg(64, 64, 4, 2), _cfg(64, 32, 4, 3),
-]
+HOPPER_CONFIGS = [_cfg(128, 128, 8, 3), _cfg(128, 64, 4, 3), _cfg(64, 64, 4, 2)]
 
 
 def keep_hopper_config(configs, named_args, **kwargs):
     """Autotune filter: what fits an sm_90 SM's 228 KB for this head dim.
 
-    HEAD_DIM 256 keeps 64-row tiles with at most 64 keys (Q tile 32 KB + 2 x 2 stages of
-    K/V 32 KB each); HEAD_DIM <= 64 drops 32-key tiles (too little MMA work per TMA copy).
+    HEAD_DIM 256 keeps 64 x 64 tiles with 2 stages (Q tile 32 KB + 2 stages of K and V tiles of
+    32 KB each); HEAD_DIM 128 keeps 128 x 128 only with 2 stages.
     """
     d = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
     kept = []
@@ -127,13 +124,9 @@ def keep_hopper_config(configs, named_args, **kwargs):
         bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
         if d >= 256 and (bm > 64 or bn > 64 or c.num_stages > 2):
             continue
-        if d <= 64 and bn < 64:
-            continue
         kept.append(c)
     return kept or configs[-1:]
 
-
-INTERPRETER_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 16}
 
 _hopper_tuned = triton.autotune(
     configs=HOPPER_CONFIGS,
@@ -162,16 +155,8 @@ def forward_hopper(q, k, v, causal, sm_scale, out=None):
     descs = [_descriptor(t, 16) for t in (q, k, v, o)]
     args = (*descs, lse, sm_scale * LOG2E, H, H // H_KV, N_Q, N_K,
             triton.next_power_of_2(max(N_Q, N_K)))
-    meta = dict(HEAD_DIM=D, CAUSAL=bool(causal), DOT_PRECISION=dot_precision(q.dtype))
-    if INTERPRET:
-        named = dict(desc_q=descs[0], desc_k=descs[1], desc_v=descs[2], desc_o=descs[3],
-                     HEAD_DIM=D, **INTERPRETER_BLOCKS)
-        _set_block_shapes(named)
-        grid = (B * H, triton.cdiv(N_Q, INTERPRETER_BLOCKS["BLOCK_M"]))
-        _flash_fwd_v2_hopper_kernel[grid](*args, **meta, **INTERPRETER_BLOCKS)
-    else:
-        def grid(m):
-            return (B * H, triton.cdiv(N_Q, m["BLOCK_M"]))
-
-        _hopper_tuned[grid](*args, **meta)
+    meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype)}
+    launch(_flash_fwd_v2_hopper_kernel, _hopper_tuned, HOPPER_CONFIGS, keep_hopper_config,
+           lambda bm: (B * H, triton.cdiv(N_Q, bm)), args, meta, args[-1],
+           pre_hook=_set_block_shapes)
     return o, lse

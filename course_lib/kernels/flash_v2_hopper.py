@@ -109,7 +109,10 @@ def _cfg(bm, bn, warps, stages):
                          pre_hook=_set_block_shapes)
 
 
-HOPPER_CONFIGS = [_cfg(128, 128, 8, 3), _cfg(128, 64, 4, 3), _cfg(64, 64, 4, 2)]
+HOPPER_CONFIGS = [
+    _cfg(128, 128, 8, 2), _cfg(128, 128, 8, 3), _cfg(128, 64, 4, 3), _cfg(128, 64, 8, 4),
+    _cfg(64, 64, 4, 2),
+]
 
 
 def keep_hopper_config(configs, named_args, **kwargs):

@@ -20,6 +20,8 @@ import math
 
 import torch
 
+from course_lib.iomodel.attention import block_is_visible  # plain arithmetic, no torch
+
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
@@ -216,13 +218,6 @@ def attention_1pass(q, k, v, causal=False, sm_scale=None, dropout_p=0.0, dropout
     return (o, lse) if return_lse else o
 
 
-def _block_visible(r0, r1, c0, N_q, N_k) -> bool:
-    """Whether any query row in [r0, r1) sees a key at column >= c0 (bottom-right causal)."""
-    from course_lib.iomodel.attention import block_is_visible
-
-    return block_is_visible(r0, r1, c0, N_q, N_k)
-
-
 def _load(hbm, name, block):
     """A block read from HBM into SRAM: counted, then copied (SRAM holds its own copy)."""
     if hbm is not None:
@@ -274,7 +269,7 @@ def flash_v1_reference(q, k, v, block_m, block_n, causal=False, dropout_p=0.0, d
         V_j = _load(hbm, "V", v[:, :, c0:c1])                 # (B, H, B_c, D)
         for i in range(T_r):                                   # line 7: Q blocks, inner
             r0, r1 = i * block_m, min((i + 1) * block_m, N_q)
-            if causal and skip_masked_blocks and not _block_visible(r0, r1, c0, N_q, N_k):
+            if causal and skip_masked_blocks and not block_is_visible(r0, r1, c0, N_q, N_k):
                 continue
             Q_i = _load(hbm, "Q", q[:, :, r0:r1])             # (B, H, B_r, D)
             O_i = _load(hbm, "O", O[:, :, r0:r1])             # (B, H, B_r, D)
@@ -330,7 +325,7 @@ def flash_v2_reference(q, k, v, block_m, block_n, causal=False, dropout_p=0.0, d
         l_i = torch.zeros(Q_i.shape[:-1], dtype=q.dtype, device=q.device)     # (B, H, B_r)
         for j in range(T_c):                                   # K/V blocks, inner
             c0, c1 = j * block_n, min((j + 1) * block_n, N_k)
-            if causal and skip_masked_blocks and not _block_visible(r0, r1, c0, N_q, N_k):
+            if causal and skip_masked_blocks and not block_is_visible(r0, r1, c0, N_q, N_k):
                 continue
             K_j = _load(hbm, "K", k[:, :, c0:c1])             # (B, H, B_c, D)
             V_j = _load(hbm, "V", v[:, :, c0:c1])             # (B, H, B_c, D)

@@ -1,6 +1,7 @@
 """The derivation's references (2-pass, 1-pass, FlashAttention v1 and v2) against ``attention``,
 and ``attention`` against PyTorch's scaled_dot_product_attention."""
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -42,12 +43,11 @@ def _implementations():
     yield "1pass", attention_1pass
     for name, fn in (("v1", flash_v1_reference), ("v2", flash_v2_reference)):
         for bm, bn in BLOCKS:
-            yield f"{name}[{bm}x{bn}]", (lambda f, bm, bn: lambda q, k, v, **kw: f(q, k, v, bm, bn,
-                                                                                 **kw))(fn, bm, bn)
-    yield "v1[skip masked]", lambda q, k, v, **kw: flash_v1_reference(q, k, v, 8, 8,
-                                                                      skip_masked_blocks=True, **kw)
-    yield "v2[no skip]", lambda q, k, v, **kw: flash_v2_reference(q, k, v, 8, 8,
-                                                                  skip_masked_blocks=False, **kw)
+            yield f"{name}[{bm}x{bn}]", partial(fn, block_m=bm, block_n=bn)
+    yield "v1[skip masked]", partial(flash_v1_reference, block_m=8, block_n=8,
+                                     skip_masked_blocks=True)
+    yield "v2[no skip]", partial(flash_v2_reference, block_m=8, block_n=8,
+                                 skip_masked_blocks=False)
 
 
 IMPLS = dict(_implementations())

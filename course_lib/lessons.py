@@ -19,6 +19,8 @@ LESSONS = (
     Lesson("00_setup", "the environment, CPU interpreter vs GPU, a first Triton kernel", None),
     Lesson("01_softmax", "naive → safe → online → blocked softmax, counted FLOPs and memory "
            "accesses, overflow and log-sum-exp, the (m, d) merge", "01_softmax"),
+    Lesson("01b_softmax_numerics", "overflow and underflow, log-sum-exp and its gradient, fully "
+           "masked rows", "01_softmax"),
     Lesson("02_gpu_memory", "SMs, warps, the memory hierarchy, real GPU specs, the roofline",
            "02_gpu_tiling"),
     Lesson("03_tiled_matmul", "HBM accesses of naive vs tiled matmul (65536 → 4096), a Triton "

@@ -50,7 +50,8 @@ def dropout_mask(shape, dropout_p: float, dropout_seed: int, device=None) -> tor
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     if dropout_seed is None:
-        raise ValueError("dropout_seed is required when dropout_p > 0 (the mask must be reproducible)")
+        raise ValueError(
+            "dropout_seed is required when dropout_p > 0 (the mask must be reproducible)")
     gen = torch.Generator(device="cpu").manual_seed(int(dropout_seed))
     keep = torch.rand(tuple(shape), generator=gen) >= dropout_p
     return keep.to(device) if device is not None else keep

@@ -74,15 +74,15 @@ def check(name: str, student: Callable, spec: Callable, cases, hint: str,
         except NotImplementedError:
             return _report(Result(name, False, f"not written yet. Hint: {hint}"), show)
         except Exception as exc:  # a student's bug is a message, not a crash
-            return _report(Result(name, False,
-                                  f"case {n} raised {type(exc).__name__}: {exc}. Hint: {hint}"), show)
+            why = f"case {n} raised {type(exc).__name__}: {exc}. Hint: {hint}"
+            return _report(Result(name, False, why), show)
         if got is None:
             return _report(Result(name, False, f"returned None (unfinished?). Hint: {hint}"), show)
         want = spec(*args)
         why = _compare(_as_array(got), _as_array(want), rtol, atol)
         if why:
-            return _report(Result(name, False, f"case {n} ({_describe(args)}): {why}. Hint: {hint}"),
-                           show)
+            why = f"case {n} ({_describe(args)}): {why}. Hint: {hint}"
+            return _report(Result(name, False, why), show)
     return _report(Result(name, True, f"all {len(cases)} cases match"), show)
 
 

@@ -167,9 +167,10 @@ def test_hbm_predictions_and_table(tmp_path):
     rows = hbm.make_rows(measured, t, pred["minimum"])
     assert rows[0]["total_gb"] == pytest.approx(42.0) and rows[1]["total_gb"] is None
     result = {"shape": hbm.FIGURE2, "minimum_gb": pred["minimum"] / 1e9, "rows": rows,
-              "environment": {"gpu": "test"}}
+              "environment": {"gpu": "test"}, "iomodel_bytes": pred["model"]}
     text = hbm.report(result)
     assert "v1: RuntimeError: boom" in text and "v2-portable 1.017×" in text
+    assert "flash_v2_min 0.541" in text
     assert isinstance(plot_hbm(result), Figure)
 
 

@@ -14,7 +14,9 @@ table puts them next to the course's IO model (``course_lib.iomodel.attention.fi
 
 * the minimum: Q, K, V read once, O and lse written once (v2 and SDPA's fused backends should
   come close: v2 within 1.05×; the K/V re-reads of v2's Q blocks hit L2);
-* standard attention (SDPA MATH): S and P written to and read back from HBM, Θ(Nd + N²);
+* standard attention (SDPA MATH): S and P written to and read back from HBM, Θ(Nd + N²),
+  counted in fp16. PyTorch's MATH backend moves more (an H100 run measured 4.6× the count): it
+  upcasts fp16 inputs to fp32 (fp32 GEMMs and softmax, 17 kernels with copies and masks);
 * v1: ``flash_v1_io(..., kernel_bookkeeping=True)`` with the kernel's GPU block sizes: O, l, m
   are read and written back at every one of the N/BLOCK_N steps. That is the point of the table.
 
@@ -198,6 +200,11 @@ def report(result: dict) -> str:
     notes = [f"  {r['target']}: {r['prediction']}" for r in result["rows"] if r["prediction"]]
     parts.append("predictions (course_lib.iomodel.attention.figure2_prediction):\n"
                  + "\n".join(notes))
+    model = result.get("iomodel_bytes") or {}
+    if model:
+        parts.append("IO model, GB: " + ", ".join(f"{k} {v / 1e9:.3f}" for k, v in model.items())
+                     + "\n  (flash_v2 counts every K/V re-read of v2's Q blocks; flash_v2_min "
+                       "assumes L2 serves them)")
     errs = [f"  {r['target']}: {r['error']}" for r in result["rows"] if r["error"]]
     if errs:
         parts.append("not measured:\n" + "\n".join(errs))

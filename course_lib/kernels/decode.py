@@ -1,0 +1,561 @@
+"""Decode attention: Flash-Decoding (split-KV + LSE merge) and PagedAttention, with GQA.
+
+Introduced in notebooks/12_flash_decoding.ipynb (``flash_decode``) and
+notebooks/13_paged_attention.ipynb (``paged_decode``); notebooks/11_kv_cache_gqa.ipynb explains
+why decoding needs them.
+
+The problem. At every generated token a model attends ``N_q`` new query tokens (1 for plain
+decoding, a few when a draft is verified in speculative decoding) to the ``L_b`` keys and
+values already in the cache of sequence ``b``. The FLOPs are tiny (4·H·N_q·L·D) and every byte
+of K and V is read once: decoding is bound by memory bandwidth (arithmetic intensity
+``H·N_q/H_kv`` FLOP per fp16 byte; see ``course_lib.iomodel.decode``). A FlashAttention forward
+kernel launches one program per (batch, head, BLOCK_M query rows): at batch 1 that is 32
+programs for 132 SMs, each walking all ``L`` keys alone. The pieces below fix that.
+
+The pieces
+----------
+``_decode_split_kernel`` (Flash-Decoding step 2, Dao et al., "Flash-Decoding for long-context
+inference", 2023): grid ``(num_splits, B·H_kv, m_tiles)``. Program ``(s, b·H_kv + g, t)`` takes
+split ``s`` of sequence ``b``'s keys (its ``L_b`` keys cut into ``num_splits`` runs of whole
+``BLOCK_N`` tiles) and *all* query rows that read key/value head ``g``: the ``G = H/H_kv``
+query heads of the GQA group times the ``N_q`` query tokens, ``G·N_q`` rows stacked in the M
+dimension of ``tl.dot`` (padded to ``BLOCK_M`` >= 16). So each K/V tile is loaded from HBM
+once and used by every query head that shares it. The loop is FlashAttention-2's online
+softmax in base 2 (``qk_scale = sm_scale·log2(e)`` folded into the scores, ``exp2``), fp32
+accumulators, causal masking of the ``N_q`` rows bottom-right aligned to ``L_b``. It writes the
+split's *normalised* partial output ``o_s`` (fp32) and its natural-log ``lse_s``.
+
+``_decode_merge_kernel`` (step 3): one program per query row combines the splits,
+``lse = log Σ_s exp(lse_s)``, ``o = Σ_s exp(lse_s − lse)·o_s`` — the (m, d) merge of lesson 01
+with (lse, o) in place of (m, d). Empty splits carry ``lse_s = −inf`` and weigh nothing.
+
+``paged_decode`` uses the same two kernels with ``PAGED=True``: the only change is where row
+``n`` of K/V lives. Contiguously it is ``k_cache[b, g, n]``; paged (vLLM, Kwon et al. 2023, §4.1)
+it is ``k_pages[block_table[b, n // block_size], n % block_size, g]``. A ``BLOCK_N`` tile spans
+``BLOCK_N / block_size`` pages: the kernel gathers the physical block id of each of its rows
+(a cached load) and then loads the rows like any others.
+
+Choosing the work split (``choose_num_splits``): ``num_splits`` aims at ``PROGRAMS_PER_SM``
+programs per SM (``torch.cuda.get_device_properties().multi_processor_count``), never fewer than
+``MIN_TILES_PER_SPLIT`` tiles of keys per split; the interpreter uses one small config
+(``BLOCK_N`` = 16) and at most 4 splits. The launch config (BLOCK_N, num_warps, num_stages)
+comes from ``DECODE_CONFIGS`` by head dim; ``config=`` overrides it (the benchmark's
+``--tune`` sweeps them).
+
+Sanity checks cost a device-to-host copy: ``cache_seqlens`` in range, and for the paged layout
+every block id a sequence uses in ``[0, num_blocks)``. ``validate=False`` skips the checks that
+read device memory (the benchmark validates once, then times with it off).
+
+Split and merge are two launches; on a GPU the Python wrapper's own cost (validation, four
+``torch.empty``, two launches) is a few tens of µs of host time, hidden behind the GPU work of
+long sequences and by ``do_bench``'s L2 flush in the benchmark.
+
+Measured speed: ``python -m course_lib.bench decode`` (results in course_lib/data/decode.json,
+shown in notebooks/12_flash_decoding.ipynb). No GPU number is recorded here yet.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from course_lib._device import INTERPRET
+from course_lib.kernels._validate import check_attention_inputs, check_sm_scale, check_tensor
+
+LOG2E = 1.4426950408889634
+MAX_SPLITS = 256
+PROGRAMS_PER_SM = 4
+MIN_TILES_PER_SPLIT = 2
+
+# (BLOCK_N, num_warps, num_stages) by head dim, for the GPU. A tile of K plus one of V is
+# 2·BLOCK_N·D·2 bytes in fp16 (32 KiB for 64 × 128); num_stages tiles are kept in flight.
+DECODE_CONFIGS = {
+    16: dict(BLOCK_N=128, num_warps=4, num_stages=3),
+    32: dict(BLOCK_N=128, num_warps=4, num_stages=3),
+    64: dict(BLOCK_N=128, num_warps=4, num_stages=3),
+    128: dict(BLOCK_N=64, num_warps=4, num_stages=4),
+    256: dict(BLOCK_N=32, num_warps=4, num_stages=3),
+}
+# Candidates the benchmark's --tune sweeps (for D = 128); the default above is one of them.
+TUNE_CONFIGS = [
+    dict(BLOCK_N=bn, num_warps=w, num_stages=s)
+    for bn in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4)
+    if not (bn == 128 and s == 4)  # 2 × 128 × 128 × 2 B × 4 stages = 256 KiB: over shared memory
+]
+INTERPRET_CONFIG = dict(BLOCK_N=16, num_warps=4, num_stages=1)
+INTERPRET_MAX_SPLITS = 4  # the interpreter runs programs one after another: keep it small
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _decode_split_kernel(
+    Q, K, V, SEQLENS, BLOCK_TABLE, O_PART, LSE_PART,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,  # contiguous: (B, H_kv, N) strides; paged: (block, head, slot)
+    stride_vb, stride_vh, stride_vn,
+    stride_btb,
+    qk_scale, H, N_MAX,
+    N_Q: tl.constexpr, GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQLENS: tl.constexpr,
+    IEEE_DOT: tl.constexpr,
+):
+    split = tl.program_id(0)
+    bg = tl.program_id(1)  # b * H_kv + g
+    m_tile = tl.program_id(2)
+    h_kv = H // GROUP
+    b = bg // h_kv
+    g = bg % h_kv
+
+    if HAS_SEQLENS:
+        seqlen = tl.load(SEQLENS + b)
+    else:
+        seqlen = N_MAX
+    # Split s owns whole BLOCK_N tiles [s·T, (s+1)·T) of this sequence's keys.
+    n_tiles = tl.cdiv(seqlen, BLOCK_N)
+    tiles_per_split = tl.cdiv(n_tiles, NUM_SPLITS)
+    start = split * tiles_per_split * BLOCK_N
+    end = tl.minimum(start + tiles_per_split * BLOCK_N, seqlen)
+
+    # Rows of this program: r = head_in_group · N_Q + query_index (G·N_Q rows per kv head).
+    offs_r = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+    row_ok = offs_r < GROUP * N_Q
+    head = g * GROUP + offs_r // N_Q  # query head of each row
+    qi = offs_r % N_Q  # query token of each row
+    offs_d = tl.arange(0, HEAD_DIM)
+    # Causal, bottom-right aligned: query i sees keys n <= seqlen - N_Q + i.
+    last_key = seqlen - N_Q + qi  # (BLOCK_M,)
+
+    # Partial results are stored per (b, head, i, split): row id (b·H + head)·N_Q + i.
+    part_row = (b * H + head) * N_Q + qi  # (BLOCK_M,)
+    lse_ptrs = LSE_PART + part_row * NUM_SPLITS + split
+    o_ptrs = O_PART + (part_row * NUM_SPLITS + split)[:, None] * HEAD_DIM + offs_d[None, :]
+
+    q_ptrs = (Q + b.to(tl.int64) * stride_qb + head[:, None] * stride_qh
+              + qi[:, None] * stride_qm + offs_d[None, :])
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)  # (BLOCK_M, HEAD_DIM)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+
+    if PAGED:
+        k_base = K + g * stride_kh
+        v_base = V + g * stride_vh
+        bt_base = BLOCK_TABLE + b.to(tl.int64) * stride_btb
+    else:
+        k_base = K + b.to(tl.int64) * stride_kb + g * stride_kh
+        v_base = V + b.to(tl.int64) * stride_vb + g * stride_vh
+
+    for start_n in range(start, end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) logical key positions
+        n_ok = offs_n < end
+        if PAGED:
+            # logical token n -> (physical block, slot): the block table is the page table
+            block = tl.load(bt_base + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+            slot = offs_n % PAGE_SIZE
+            k_rows = block * stride_kb + slot * stride_kn  # (BLOCK_N,)
+            v_rows = block * stride_vb + slot * stride_vn
+        else:
+            k_rows = offs_n.to(tl.int64) * stride_kn
+            v_rows = offs_n.to(tl.int64) * stride_vn
+        k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+        v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+
+        if IEEE_DOT:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = s * qk_scale  # (BLOCK_M, BLOCK_N), base-2 logits
+        visible = offs_n[None, :] <= last_key[:, None]  # causal and in range (n < seqlen)
+        s = tl.where(visible, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw no key yet
+        alpha = tl.math.exp2(m_i - m_safe)
+        p = tl.math.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if IEEE_DOT:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    # A split with no visible key (past a short sequence's end, or before a causal row's first
+    # key) has l = 0: it stores lse = -inf and o = 0, and weighs nothing in the merge.
+    has_keys = l_i > 0.0
+    l_safe = tl.where(has_keys, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    lse = tl.where(has_keys, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    tl.store(lse_ptrs, lse, mask=row_ok)
+    tl.store(o_ptrs, o, mask=row_ok[:, None])
+
+
+@triton.jit
+def _decode_merge_kernel(
+    O_PART, LSE_PART, OUT, LSE_OUT,
+    H,
+    stride_ob, stride_oh, stride_om,
+    N_Q: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr = 16,
+):
+    row = tl.program_id(0)  # (b·H + h)·N_Q + i
+    i = row % N_Q
+    bh = row // N_Q
+    b = bh // H
+    h = bh % H
+    offs_d = tl.arange(0, HEAD_DIM)
+    # pass 1: the largest lse_s (empty splits hold -inf)
+    offs_s = tl.arange(0, BLOCK_S)
+    lse_all = tl.load(LSE_PART + row * NUM_SPLITS + offs_s, mask=offs_s < NUM_SPLITS,
+                      other=float("-inf"))  # (BLOCK_S,)
+    lse_max = tl.max(lse_all, 0)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    # pass 2: o = Σ_s e^{lse_s − lse_max} o_s / Σ_s e^{lse_s − lse_max}, CHUNK splits at a time
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    denom = tl.zeros([CHUNK], tl.float32)
+    for s0 in range(0, NUM_SPLITS, CHUNK):
+        offs_c = s0 + tl.arange(0, CHUNK)
+        lse_s = tl.load(LSE_PART + row * NUM_SPLITS + offs_c, mask=offs_c < NUM_SPLITS,
+                        other=float("-inf"))  # (CHUNK,)
+        used = lse_s > float("-inf")  # empty splits weigh nothing (their o_s is not read)
+        w = tl.where(used, tl.exp(lse_s - lse_max), 0.0)
+        o_s = tl.load(O_PART + (row * NUM_SPLITS + offs_c)[:, None] * HEAD_DIM + offs_d[None, :],
+                      mask=used[:, None], other=0.0)  # (CHUNK, HEAD_DIM)
+        acc += tl.sum(o_s * w[:, None], 0)
+        denom += w
+    total = tl.sum(denom, 0)
+    total_safe = tl.where(total > 0.0, total, 1.0)
+    o = acc / total_safe  # (HEAD_DIM,)
+    lse = tl.where(total > 0.0, lse_max + tl.log(total_safe), float("-inf"))
+    out_ptrs = OUT + b.to(tl.int64) * stride_ob + h * stride_oh + i * stride_om + offs_d
+    tl.store(out_ptrs, o.to(OUT.dtype.element_ty))
+    tl.store(LSE_OUT + row, lse)
+
+
+# ---------------------------------------------------------------------------------------------
+# planning the launch
+# ---------------------------------------------------------------------------------------------
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # triton.cdiv's arithmetic, without its per-call wrapper cost
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int | None = None) -> int:
+    if INTERPRET:
+        return 1
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def pick_config(head_dim: int) -> dict:
+    """The launch config (BLOCK_N, num_warps, num_stages) used for ``head_dim``."""
+    return dict(INTERPRET_CONFIG) if INTERPRET else dict(DECODE_CONFIGS[head_dim])
+
+
+def choose_num_splits(batch: int, kv_heads: int, n_keys: int, block_n: int,
+                      sm_count: int | None = None, m_tiles: int = 1,
+                      max_splits: int = MAX_SPLITS) -> int:
+    """How many splits of the keys: enough programs for ~PROGRAMS_PER_SM per SM, not tinier
+    than MIN_TILES_PER_SPLIT tiles of ``block_n`` keys, at most MAX_SPLITS.
+
+    >>> choose_num_splits(1, 8, 131072, 64, sm_count=132)   # batch 1, long context
+    66
+    >>> choose_num_splits(8, 8, 131072, 64, sm_count=132)   # batch 8
+    9
+    >>> choose_num_splits(1, 8, 4096, 64, sm_count=132)     # short context: 2 tiles a split
+    32
+    """
+    sms = sm_count if sm_count is not None else _sm_count()
+    programs = batch * kv_heads * m_tiles
+    wanted = _cdiv(PROGRAMS_PER_SM * sms, programs)
+    most = max(1, _cdiv(n_keys, MIN_TILES_PER_SPLIT * block_n))
+    return int(max(1, min(wanted, most, max_splits)))
+
+
+def split_bounds(seqlen: int, num_splits: int, block_n: int) -> list[tuple[int, int]]:
+    """The key range [start, end) of every split of a sequence, as the split kernel cuts it:
+    ``num_splits`` runs of ⌈⌈L/BLOCK_N⌉/num_splits⌉ whole tiles; the last runs may be empty.
+
+    >>> split_bounds(100, 3, 16)    # 7 tiles: 3 + 3 + 1
+    [(0, 48), (48, 96), (96, 100)]
+    >>> split_bounds(20, 4, 16)     # 2 tiles: splits 2 and 3 get nothing
+    [(0, 16), (16, 20), (32, 20), (48, 20)]
+    """
+    tiles_per_split = -(-(-(-seqlen // block_n)) // num_splits)
+    out = []
+    for s in range(num_splits):
+        start = s * tiles_per_split * block_n
+        out.append((start, min(start + tiles_per_split * block_n, seqlen)))
+    return out
+
+
+def _block_m(rows: int) -> int:
+    """Rows of the M dimension per program: >= 16 (tl.dot's minimum), at most 64."""
+    return max(16, min(64, _next_pow2(rows)))
+
+
+# ---------------------------------------------------------------------------------------------
+# validation
+# ---------------------------------------------------------------------------------------------
+
+def _check_int_vector(name: str, t, length: int, device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of int32, got {type(t).__name__}")
+    if t.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must hold integers (int32), got {t.dtype}")
+    if t.ndim != 1 or t.shape[0] != length:
+        raise ValueError(f"{name} must have shape ({length},) (one length per sequence), "
+                         f"got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q is on {device}")
+
+
+def _check_num_splits(num_splits) -> None:
+    if num_splits is None:
+        return
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
+        raise TypeError(f"num_splits must be an int or None, got {type(num_splits).__name__}")
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
+
+
+def _check_config(config, head_dim: int) -> dict:
+    cfg = pick_config(head_dim)
+    if config is None:
+        return cfg
+    if not isinstance(config, dict) or not set(config) <= {"BLOCK_N", "num_warps", "num_stages"}:
+        raise ValueError("config must be a dict with keys among BLOCK_N, num_warps, num_stages, "
+                         f"got {config!r}")
+    cfg.update(config)
+    bn = cfg["BLOCK_N"]
+    if bn < 16 or bn & (bn - 1):
+        raise ValueError(f"config['BLOCK_N'] must be a power of two >= 16, got {bn}")
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------
+# public wrappers
+# ---------------------------------------------------------------------------------------------
+
+def _empty(shape, device, dtype):
+    """Every buffer the wrappers allocate (the tests replace this to poison them with NaN)."""
+    return torch.empty(shape, device=device, dtype=dtype)
+
+
+def _launch(q, k, v, seqlens, block_table, page_size, n_max, sm_scale, num_splits, config,
+            return_lse, paged):
+    B, H, N_q, D = q.shape
+    H_kv = k.shape[2] if paged else k.shape[1]
+    group = H // H_kv
+    rows = group * N_q
+    block_m = _block_m(rows)
+    m_tiles = _cdiv(rows, block_m)
+    cfg = config
+    if num_splits is None:
+        num_splits = choose_num_splits(B, H_kv, n_max, cfg["BLOCK_N"], m_tiles=m_tiles,
+                                       max_splits=INTERPRET_MAX_SPLITS if INTERPRET else MAX_SPLITS)
+
+    o_part = _empty((B, H, N_q, num_splits, D), device=q.device, dtype=torch.float32)
+    lse_part = _empty((B, H, N_q, num_splits), device=q.device, dtype=torch.float32)
+    out = _empty((B, H, N_q, D), device=q.device, dtype=q.dtype)
+    lse = _empty((B, H, N_q), device=q.device, dtype=torch.float32)
+
+    if paged:  # k (num_blocks, block_size, H_kv, D): block, slot, head strides
+        skb, skn, skh = k.stride(0), k.stride(1), k.stride(2)
+        svb, svn, svh = v.stride(0), v.stride(1), v.stride(2)
+        stride_bt = block_table.stride(0)
+    else:  # k (B, H_kv, N, D)
+        skb, skh, skn = k.stride(0), k.stride(1), k.stride(2)
+        svb, svh, svn = v.stride(0), v.stride(1), v.stride(2)
+        stride_bt = 0
+    has_seqlens = seqlens is not None
+    grid = (num_splits, B * H_kv, m_tiles)
+    _decode_split_kernel[grid](
+        q, k, v, seqlens if has_seqlens else q, block_table if paged else q, o_part, lse_part,
+        q.stride(0), q.stride(1), q.stride(2),
+        skb, skh, skn, svb, svh, svn, stride_bt,
+        sm_scale * LOG2E, H, n_max,
+        N_Q=N_q, GROUP=group, NUM_SPLITS=num_splits, HEAD_DIM=D,
+        BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], PAGED=paged, PAGE_SIZE=page_size,
+        HAS_SEQLENS=has_seqlens, IEEE_DOT=q.dtype == torch.float32,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    _decode_merge_kernel[(B * H * N_q,)](
+        o_part, lse_part, out, lse, H,
+        out.stride(0), out.stride(1), out.stride(2),
+        N_Q=N_q, NUM_SPLITS=num_splits, BLOCK_S=_next_pow2(num_splits),
+        HEAD_DIM=D, CHUNK=min(16, _next_pow2(num_splits)),
+        num_warps=4 if D >= 128 else 2,
+    )
+    return (out, lse) if return_lse else out
+
+
+def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm_scale=None,
+                 return_lse=False, config=None, validate=True):
+    """Flash-Decoding: attention of a few query tokens to a KV cache, split over the keys.
+
+    q (B, H, N_q, D); k_cache, v_cache (B, H_kv, N_max, D) with H a multiple of H_kv (GQA);
+    cache_seqlens (B,) int32: sequence b uses its first L_b keys (None: all N_max). With
+    N_q > 1 the queries are causal among themselves, bottom-right aligned: query i sees keys
+    j <= L_b − N_q + i. Returns o (B, H, N_q, D) in q's dtype, and with ``return_lse`` also the
+    natural-log log-sum-exp (B, H, N_q) fp32 (−inf for a row that sees no key; its o is 0).
+
+    num_splits: key splits per sequence (None: chosen from the SM count and the work);
+    config: override of dict(BLOCK_N, num_warps, num_stages); validate=False skips the checks
+    that read device memory (cache_seqlens within [0, N_max]).
+    """
+    B, H, H_kv, N_q, N_max, D = check_attention_inputs(q, k_cache, v_cache)
+    _check_num_splits(num_splits)
+    sm_scale = check_sm_scale(sm_scale, D)
+    cfg = _check_config(config, D)
+    if cache_seqlens is not None:
+        _check_int_vector("cache_seqlens", cache_seqlens, B, q.device)
+        if validate:
+            lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())
+            if lo < 0 or hi > N_max:
+                raise ValueError(f"cache_seqlens must lie in [0, {N_max}] (the cache's N_max), "
+                                 f"got values in [{lo}, {hi}]")
+        cache_seqlens = cache_seqlens.to(torch.int32)
+    return _launch(q, k_cache, v_cache, cache_seqlens, None, 1, N_max, sm_scale, num_splits,
+                   cfg, return_lse, paged=False)
+
+
+def paged_decode(q, k_pages, v_pages, block_table, cache_seqlens, num_splits=None, *,
+                 sm_scale=None, return_lse=False, config=None, validate=True):
+    """PagedAttention decode: like ``flash_decode``, with K/V stored in fixed-size pages.
+
+    q (B, H, N_q, D); k_pages, v_pages (num_blocks, block_size, H_kv, D) — the vLLM layout,
+    block_size 16 by default in ``course_lib.kvcache``; block_table (B, max_blocks) int32 maps
+    sequence b's logical block j (keys j·block_size …) to a physical block; cache_seqlens (B,)
+    int32. Entries past a sequence's last block are ignored. Raises ValueError when a used
+    block id is outside [0, num_blocks) or a length does not fit in max_blocks·block_size.
+    Returns what ``flash_decode`` returns on the same logical data.
+    """
+    check_tensor("q", q, 4)
+    for name, t in (("k_pages", k_pages), ("v_pages", v_pages)):
+        check_tensor(name, t, 4)
+    if k_pages.shape != v_pages.shape:
+        raise ValueError(f"k_pages and v_pages must have one shape, got {tuple(k_pages.shape)} "
+                         f"and {tuple(v_pages.shape)}")
+    num_blocks, block_size, H_kv, D = k_pages.shape
+    # Reuse the shared checks on a (B, H_kv, block_size, D) view of the first pages' shape.
+    B = q.shape[0]
+    k_view = k_pages[:1].permute(0, 2, 1, 3).expand(B, H_kv, block_size, D)
+    v_view = v_pages[:1].permute(0, 2, 1, 3).expand(B, H_kv, block_size, D)
+    _, H, _, N_q, _, _ = check_attention_inputs(q, k_view, v_view)
+    if k_pages.stride(3) != 1 or v_pages.stride(3) != 1:
+        raise ValueError("k_pages and v_pages must be contiguous in the head dim (stride 1)")
+    if not isinstance(block_table, torch.Tensor):
+        raise TypeError(f"block_table must be a torch.Tensor of int32, got "
+                        f"{type(block_table).__name__}")
+    if block_table.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"block_table must hold integers (int32), got {block_table.dtype}")
+    if block_table.ndim != 2 or block_table.shape[0] != B:
+        raise ValueError(f"block_table must have shape (B={B}, max_blocks), "
+                         f"got {tuple(block_table.shape)}")
+    if block_table.device != q.device:
+        raise ValueError(f"block_table is on {block_table.device} but q is on {q.device}")
+    if cache_seqlens is None:
+        raise ValueError("cache_seqlens is required for paged_decode (one length per sequence)")
+    _check_int_vector("cache_seqlens", cache_seqlens, B, q.device)
+    _check_num_splits(num_splits)
+    sm_scale = check_sm_scale(sm_scale, D)
+    cfg = _check_config(config, D)
+    max_blocks = block_table.shape[1]
+    capacity = max_blocks * block_size
+    if validate:
+        _check_block_table(block_table, cache_seqlens, num_blocks, block_size, capacity)
+    if block_table.dtype != torch.int32 or block_table.stride(1) != 1:
+        block_table = block_table.to(torch.int32).contiguous()
+    cache_seqlens = cache_seqlens.to(torch.int32)
+    return _launch(q, k_pages, v_pages, cache_seqlens, block_table, block_size, capacity,
+                   sm_scale, num_splits, cfg, return_lse, paged=True)
+
+
+def _check_block_table(block_table, cache_seqlens, num_blocks, block_size, capacity):
+    """ValueError if a length exceeds the table or a block id a sequence uses is out of range."""
+    lens = cache_seqlens.to(torch.int64)
+    lo, hi = int(lens.min()), int(lens.max())
+    if lo < 0 or hi > capacity:
+        raise ValueError(f"cache_seqlens must lie in [0, {capacity}] (block_table's "
+                         f"{block_table.shape[1]} blocks × block_size {block_size}), "
+                         f"got values in [{lo}, {hi}]")
+    used_blocks = (lens + block_size - 1) // block_size  # (B,)
+    cols = torch.arange(block_table.shape[1], device=block_table.device)
+    used = cols[None, :] < used_blocks[:, None]  # (B, max_blocks)
+    bad = used & ((block_table < 0) | (block_table >= num_blocks))
+    if bool(bad.any()):
+        b, j = (int(x) for x in bad.nonzero()[0])
+        raise ValueError(f"block_table[{b}, {j}] = {int(block_table[b, j])} is not a block id "
+                         f"in [0, {num_blocks}) (num_blocks of k_pages), and sequence {b} "
+                         f"uses that block")
+
+
+def decode_reference(q, k_cache, v_cache, cache_seqlens=None, sm_scale=None, return_lse=False):
+    """fp32 reference: course_lib.reference.attention per sequence on its first L_b keys."""
+    from course_lib.reference import attention
+
+    B, H, N_q, D = q.shape
+    lens = [k_cache.shape[2]] * B if cache_seqlens is None else cache_seqlens.tolist()
+    outs, lses = [], []
+    for b, n in enumerate(lens):
+        o, lse = attention(q[b:b + 1], k_cache[b:b + 1, :, :n], v_cache[b:b + 1, :, :n],
+                           causal=True, sm_scale=sm_scale, return_lse=True)
+        outs.append(o)
+        lses.append(lse)
+    o, lse = torch.cat(outs), torch.cat(lses)
+    return (o, lse) if return_lse else o
+
+
+def pages_to_contiguous(k_pages, block_table, cache_seqlens, n_max=None):
+    """Gather a paged cache into the contiguous (B, H_kv, N_max, D) layout (zeros past L_b)."""
+    num_blocks, block_size, H_kv, D = k_pages.shape
+    B = block_table.shape[0]
+    lens = cache_seqlens.tolist()
+    n_max = max(lens) if n_max is None else n_max
+    out = torch.zeros((B, H_kv, max(n_max, 1), D), dtype=k_pages.dtype, device=k_pages.device)
+    for b, n in enumerate(lens):
+        if n == 0:
+            continue
+        nb = math.ceil(n / block_size)
+        blocks = k_pages[block_table[b, :nb].long()]  # (nb, block_size, H_kv, D)
+        out[b, :, :n] = blocks.reshape(nb * block_size, H_kv, D)[:n].transpose(0, 1)
+    return out
+
+
+def contiguous_to_pages(k_cache, cache_seqlens=None, block_size=16, num_blocks=None,
+                        generator=None):
+    """Scatter a contiguous cache into pages in a random physical order.
+
+    Returns (k_pages, block_table): k_pages (num_blocks, block_size, H_kv, D), block_table
+    (B, max_blocks) int32 with every logical block of every sequence on its own physical block
+    (a random permutation, so neighbouring logical blocks are far apart in memory).
+    """
+    B, H_kv, N_max, D = k_cache.shape
+    max_blocks = math.ceil(N_max / block_size)
+    needed = B * max_blocks
+    num_blocks = needed if num_blocks is None else num_blocks
+    if num_blocks < needed:
+        raise ValueError(f"num_blocks={num_blocks} < {needed} blocks needed")
+    perm = torch.randperm(num_blocks, generator=generator)[:needed]
+    block_table = perm.view(B, max_blocks).to(torch.int32)
+    padded = torch.zeros((B, H_kv, max_blocks * block_size, D), dtype=k_cache.dtype,
+                         device=k_cache.device)
+    padded[:, :, :N_max] = k_cache
+    pages = torch.zeros((num_blocks, block_size, H_kv, D), dtype=k_cache.dtype,
+                        device=k_cache.device)
+    # (B, H_kv, max_blocks, block_size, D) -> (B·max_blocks, block_size, H_kv, D)
+    src = padded.view(B, H_kv, max_blocks, block_size, D).permute(0, 2, 3, 1, 4)
+    pages[perm.to(k_cache.device)] = src.reshape(needed, block_size, H_kv, D)
+    return pages, block_table.to(k_cache.device)

@@ -1,0 +1,430 @@
+"""flash_decode and paged_decode (split-KV, LSE merge, GQA, paging) against the fp32 reference."""
+import math
+
+import pytest
+import torch
+
+import course_lib
+from course_lib.kernels import decode as dec
+from course_lib.kernels.decode import (
+    contiguous_to_pages,
+    decode_reference,
+    flash_decode,
+    paged_decode,
+    pages_to_contiguous,
+)
+from course_lib.testing import assert_close_2x, attention_same_precision, fresh_randn, poison_
+
+DTYPES = [torch.float32, torch.float16] if course_lib.INTERPRET else [torch.float16,
+                                                                        torch.bfloat16]
+
+CASES = [  # B, H, H_kv, N_q, N_max, D, lengths (None: all N_max)
+    (1, 2, 2, 1, 1, 32, None),                 # a single key
+    (2, 4, 4, 1, 37, 32, [37, 5]),             # MHA, lengths not a multiple of the tile
+    (3, 8, 2, 1, 100, 64, [100, 17, 1]),       # GQA group of 4, ragged lengths
+    (2, 4, 1, 1, 70, 16, [33, 70]),            # MQA
+    (2, 8, 2, 3, 97, 64, [97, 40]),            # speculative verification: 3 causal queries
+    (2, 4, 2, 4, 50, 32, [2, 50]),             # N_q > L_b: the first rows see no key
+    (1, 4, 2, 2, 256, 128, [211]),             # the course's real head dim
+    (2, 2, 2, 1, 40, 32, [0, 40]),             # an empty sequence: o = 0, lse = -inf
+]
+
+
+def _case_id(c):
+    return "B{}H{}kv{}q{}N{}D{}".format(*c[:6])
+
+
+def _inputs(B, H, H_kv, N_q, N_max, D, lengths, dtype):
+    q = fresh_randn(B, H, N_q, D, dtype=dtype)
+    k = fresh_randn(B, H_kv, N_max, D, dtype=dtype)
+    v = fresh_randn(B, H_kv, N_max, D, dtype=dtype)
+    lens = None if lengths is None else torch.tensor(lengths, dtype=torch.int32, device=q.device)
+    return q, k, v, lens
+
+
+def _same_precision(q, k, v, lens):
+    """PyTorch in the inputs' dtype, per sequence on its first L_b keys (the 2x rule's baseline)."""
+    n = [k.shape[2]] * q.shape[0] if lens is None else lens.tolist()
+    return torch.cat([attention_same_precision(q[b:b + 1], k[b:b + 1, :, :n[b]],
+                                               v[b:b + 1, :, :n[b]], causal=True)
+                      for b in range(q.shape[0])])
+
+
+def _poison_kernel_outputs(monkeypatch):
+    """Make every buffer the wrappers allocate (partials, output, lse) start as NaN."""
+    real_empty = dec._empty
+    monkeypatch.setattr(dec, "_empty", lambda *a, **kw: poison_(real_empty(*a, **kw)))
+
+
+def _check(o, lse, q, k, v, lens, name):
+    ref_o, ref_lse = decode_reference(q.float(), k.float(), v.float(), lens, return_lse=True)
+    assert o.dtype == q.dtype and o.shape == q.shape
+    assert lse.dtype == torch.float32 and lse.shape == q.shape[:3]
+    assert not torch.isnan(o).any(), f"{name}: an output element was never written (or is NaN)"
+    assert not torch.isnan(lse).any(), f"{name}: an lse element was never written (or is NaN)"
+    assert_close_2x(o, ref_o, _same_precision(q, k, v, lens), name=f"{name} O")
+    assert_close_2x(lse, ref_lse, ref_lse, name=f"{name} lse", atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_flash_decode_matches_reference(case, dtype, monkeypatch):
+    q, k, v, lens = _inputs(*case, dtype)
+    _poison_kernel_outputs(monkeypatch)
+    o, lse = flash_decode(q, k, v, lens, return_lse=True)
+    _check(o, lse, q, k, v, lens, "flash_decode")
+
+
+@pytest.mark.parametrize("block_size", [16, 5])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_paged_decode_matches_reference(case, dtype, block_size, monkeypatch):
+    q, k, v, lens = _inputs(*case, dtype)
+    if lens is None:
+        lens = torch.full((q.shape[0],), k.shape[2], dtype=torch.int32, device=q.device)
+    gen = torch.Generator().manual_seed(7)
+    k_pages, table = contiguous_to_pages(k, block_size=block_size, num_blocks=None,
+                                         generator=gen)
+    gen = torch.Generator().manual_seed(7)
+    v_pages, table_v = contiguous_to_pages(v, block_size=block_size, generator=gen)
+    assert torch.equal(table, table_v)
+    _poison_kernel_outputs(monkeypatch)
+    o, lse = paged_decode(q, k_pages, v_pages, table, lens, return_lse=True)
+    _check(o, lse, q, k, v, lens, "paged_decode")
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7])
+def test_any_number_of_splits_gives_the_same_answer(num_splits):
+    q, k, v, lens = _inputs(2, 4, 2, 2, 130, 32, [130, 45], torch.float32)
+    o, lse = flash_decode(q, k, v, lens, num_splits=num_splits, return_lse=True)
+    _check(o, lse, q, k, v, lens, f"{num_splits} splits")
+
+
+def test_paged_equals_flash_on_the_same_logical_data():
+    q, k, v, lens = _inputs(3, 8, 2, 1, 90, 64, [90, 31, 64], torch.float16)
+    gen = torch.Generator().manual_seed(3)
+    k_pages, table = contiguous_to_pages(k, block_size=16, num_blocks=40, generator=gen)
+    gen = torch.Generator().manual_seed(3)
+    v_pages, _ = contiguous_to_pages(v, block_size=16, num_blocks=40, generator=gen)
+    # Round trip of the layout helpers.
+    assert torch.equal(pages_to_contiguous(k_pages, table, lens, n_max=90)[0], k[0])
+    for splits in (1, 3):
+        o_flash = flash_decode(q, k, v, lens, num_splits=splits)
+        o_paged = paged_decode(q, k_pages, v_pages, table, lens, num_splits=splits)
+        torch.testing.assert_close(o_paged, o_flash, atol=0, rtol=0)
+
+
+def test_ignores_what_lies_past_each_length():
+    q, k, v, lens = _inputs(2, 4, 2, 1, 64, 32, [20, 47], torch.float32)
+    o1 = flash_decode(q, k, v, lens)
+    k2, v2 = k.clone(), v.clone()
+    for b, n in enumerate(lens.tolist()):
+        k2[b, :, n:] = float("nan")
+        v2[b, :, n:] = float("nan")
+    o2 = flash_decode(q, k2, v2, lens)
+    assert torch.equal(o1, o2)
+
+
+def test_gqa_equals_mha_with_repeated_kv():
+    q, k, v, lens = _inputs(2, 8, 2, 1, 50, 32, [50, 9], torch.float32)
+    o_gqa = flash_decode(q, k, v, lens)
+    o_mha = flash_decode(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), lens)
+    torch.testing.assert_close(o_gqa, o_mha, atol=1e-6, rtol=1e-6)
+
+
+def test_strided_q_and_cache():
+    # (B, N, H, D) storage seen as (B, H, N, D)
+    B, N, H, D = 2, 33, 4, 32
+    q = fresh_randn(B, 1, H, D).transpose(1, 2)
+    k = fresh_randn(B, N, 2, D).transpose(1, 2)
+    v = fresh_randn(B, N, 2, D).transpose(1, 2)
+    lens = torch.tensor([33, 12], dtype=torch.int32, device=q.device)
+    o, lse = flash_decode(q, k, v, lens, return_lse=True)
+    _check(o, lse, q, k, v, lens, "strided")
+
+
+def test_extreme_logits_stay_finite():
+    q, k, v, lens = _inputs(1, 2, 1, 2, 70, 32, [70], torch.float32)
+    o, lse = flash_decode(q, k, v, lens, sm_scale=1e3, return_lse=True)
+    ref_o, ref_lse = decode_reference(q, k, v, lens, sm_scale=1e3, return_lse=True)
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    torch.testing.assert_close(o, ref_o, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------- the LSE merge
+
+def test_lse_merge_kernel_on_its_own():
+    """Hand the merge kernel partial results computed in torch and compare with full softmax."""
+    import triton
+
+    gen = torch.Generator().manual_seed(0)
+    B, H, N_q, S, D, N = 1, 2, 1, 5, 16, 40
+    s = torch.randn(B, H, N_q, N, generator=gen) * 3  # scores
+    vals = torch.randn(N, D, generator=gen)
+    bounds = [0, 3, 3, 20, 33, 40]  # split 1 is empty
+    o_part = torch.empty(B, H, N_q, S, D)
+    lse_part = torch.empty(B, H, N_q, S)
+    for i in range(S):
+        lo, hi = bounds[i], bounds[i + 1]
+        if lo == hi:
+            lse_part[..., i] = float("-inf")
+            o_part[..., i, :] = float("nan")  # never read: an empty split weighs nothing
+            continue
+        lse_part[..., i] = torch.logsumexp(s[..., lo:hi], -1)
+        o_part[..., i, :] = torch.softmax(s[..., lo:hi], -1) @ vals[lo:hi]
+    want_lse = torch.logsumexp(s, -1)
+    want_o = torch.softmax(s, -1) @ vals
+    dev = course_lib.DEVICE
+    o_part, lse_part = o_part.to(dev), lse_part.to(dev)
+    out = poison_(torch.empty(B, H, N_q, D, device=dev))
+    lse = poison_(torch.empty(B, H, N_q, device=dev))
+    dec._decode_merge_kernel[(B * H * N_q,)](
+        o_part, lse_part, out, lse, H, out.stride(0), out.stride(1), out.stride(2),
+        N_Q=N_q, NUM_SPLITS=S, BLOCK_S=triton.next_power_of_2(S), HEAD_DIM=D)
+    torch.testing.assert_close(out.cpu(), want_o, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse.cpu(), want_lse, atol=1e-5, rtol=1e-5)
+
+
+def test_num_splits_heuristic():
+    assert dec.choose_num_splits(1, 8, 131072, 64, sm_count=132) * 8 >= 2 * 132
+    assert dec.choose_num_splits(64, 8, 131072, 64, sm_count=132) == 2
+    assert dec.choose_num_splits(1, 8, 64, 64, sm_count=132) == 1
+    for batch in (1, 2, 8, 64):
+        for n in (1, 100, 4096, 131072):
+            s = dec.choose_num_splits(batch, 8, n, 64, sm_count=132)
+            assert 1 <= s <= dec.MAX_SPLITS
+            assert s == 1 or math.ceil(n / s) >= 64  # never less than a tile a split
+
+
+# ------------------------------------------------------------------------------- bad input
+
+def _small():
+    return _inputs(2, 4, 2, 1, 32, 32, [32, 10], torch.float16)
+
+
+def test_flash_decode_bad_input_names_the_argument():
+    q, k, v, lens = _small()
+    with pytest.raises(ValueError, match="cache_seqlens must lie in"):
+        flash_decode(q, k, v, lens + 30)
+    with pytest.raises(ValueError, match="cache_seqlens must lie in"):
+        flash_decode(q, k, v, lens - 11)
+    with pytest.raises(ValueError, match=r"cache_seqlens must have shape \(2,\)"):
+        flash_decode(q, k, v, lens[:1])
+    with pytest.raises(TypeError, match="cache_seqlens must hold integers"):
+        flash_decode(q, k, v, lens.float())
+    with pytest.raises(TypeError, match="cache_seqlens must be a torch.Tensor"):
+        flash_decode(q, k, v, [32, 10])
+    with pytest.raises(ValueError, match="num_splits must be in"):
+        flash_decode(q, k, v, lens, num_splits=0)
+    with pytest.raises(TypeError, match="num_splits must be an int"):
+        flash_decode(q, k, v, lens, num_splits=2.0)
+    with pytest.raises(ValueError, match="multiple of"):
+        flash_decode(fresh_randn(2, 3, 1, 32, dtype=torch.float16), k, v, lens)
+    with pytest.raises(ValueError, match="q must have 4 dimensions"):
+        flash_decode(q[0], k, v, lens)
+    with pytest.raises(ValueError, match="config"):
+        flash_decode(q, k, v, lens, config={"BLOCK_N": 24})
+
+
+def test_paged_decode_bad_input_names_the_argument():
+    q, k, v, lens = _small()
+    k_pages, table = contiguous_to_pages(k, block_size=16, num_blocks=6)
+    v_pages, _ = contiguous_to_pages(v, block_size=16, num_blocks=6)
+    bad = table.clone()
+    bad[1, 0] = 6  # sequence 1 (10 keys) uses its block 0: out of range
+    with pytest.raises(ValueError, match=r"block_table\[1, 0\] = 6"):
+        paged_decode(q, k_pages, v_pages, bad, lens)
+    bad = table.clone()
+    bad[0, 1] = -1
+    with pytest.raises(ValueError, match="block_table"):
+        paged_decode(q, k_pages, v_pages, bad, lens)
+    unused = table.clone()
+    unused[1, 1] = 99  # sequence 1 never reaches its block 1: ignored
+    paged_decode(q, k_pages, v_pages, unused, lens)
+    with pytest.raises(ValueError, match="cache_seqlens must lie in"):
+        paged_decode(q, k_pages, v_pages, table, lens + 1)  # 33 > 2 blocks × 16
+    with pytest.raises(ValueError, match="cache_seqlens is required"):
+        paged_decode(q, k_pages, v_pages, table, None)
+    with pytest.raises(TypeError, match="block_table must hold integers"):
+        paged_decode(q, k_pages, v_pages, table.float(), lens)
+    with pytest.raises(ValueError, match="block_table must have shape"):
+        paged_decode(q, k_pages, v_pages, table[:1], lens)
+    with pytest.raises(ValueError, match="k_pages and v_pages must have one shape"):
+        paged_decode(q, k_pages, v_pages[:5], table, lens)
+    with pytest.raises(ValueError, match="k_pages must have 4 dimensions"):
+        paged_decode(q, k_pages[0], v_pages, table, lens)
+
+
+@pytest.mark.skipif(not course_lib.INTERPRET, reason="bf16 is refused only in the interpreter")
+def test_bf16_refused_in_interpreter():
+    q, k, v, lens = _inputs(1, 2, 2, 1, 16, 32, None, torch.bfloat16)
+    with pytest.raises(TypeError, match="bfloat16"):
+        flash_decode(q, k, v)
+    k_pages, table = contiguous_to_pages(k)
+    with pytest.raises(TypeError, match="bfloat16"):
+        paged_decode(q, k_pages, k_pages, table, torch.tensor([16], dtype=torch.int32))
+
+
+# ------------------------------------------------------------------------------- GPU sizes
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("N_q", [1, 4])
+def test_gpu_long_ragged_batch(N_q, dtype):
+    lengths = [32768, 4097, 1, 20000]
+    q, k, v, lens = _inputs(4, 32, 8, N_q, 32768, 128, lengths, dtype)
+    o, lse = flash_decode(q, k, v, lens, return_lse=True)
+    _check(o, lse, q, k, v, lens, "flash_decode GPU")
+    gen = torch.Generator().manual_seed(11)
+    k_pages, table = contiguous_to_pages(k, generator=gen)
+    gen = torch.Generator().manual_seed(11)
+    v_pages, _ = contiguous_to_pages(v, generator=gen)
+    o_p, lse_p = paged_decode(q, k_pages, v_pages, table, lens, return_lse=True)
+    _check(o_p, lse_p, q, k, v, lens, "paged_decode GPU")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", dec.TUNE_CONFIGS, ids=lambda c: "n{BLOCK_N}w{num_warps}"
+                         "s{num_stages}".format(**c))
+def test_gpu_every_tuning_config_is_correct(config):
+    q, k, v, lens = _inputs(2, 32, 8, 1, 5000, 128, [5000, 777], torch.float16)
+    o, lse = flash_decode(q, k, v, lens, return_lse=True, config=config)
+    _check(o, lse, q, k, v, lens, str(config))
+
+
+# ------------------------------------------------------------------------------- the lesson's
+# other pieces: split partition, widget, IO model, benchmark bookkeeping
+
+def test_split_bounds_is_the_kernels_partition(monkeypatch):
+    """Each split's lse from the kernel equals the lse of the keys split_bounds gives it."""
+    from course_lib.kernels.decode import split_bounds
+
+    q, k, v, lens = _inputs(1, 2, 2, 1, 100, 32, [100], torch.float32)
+    block_n = dec.pick_config(32)["BLOCK_N"]
+    lse_parts = {}
+
+    real_empty = dec._empty
+
+    def keep(shape, device, dtype):
+        t = real_empty(shape, device, dtype)
+        if len(shape) == 4 and dtype == torch.float32 and shape[-1] == 3:  # lse_part
+            lse_parts["t"] = t
+        return t
+
+    monkeypatch.setattr(dec, "_empty", keep)
+    flash_decode(q, k, v, lens, num_splits=3)
+    got = lse_parts["t"][0, :, 0].cpu()  # (H, splits)
+    s = torch.einsum("hd,hnd->hn", q[0, :, 0].float(), k[0].float()) * 32 ** -0.5  # (H, N)
+    for i, (lo, hi) in enumerate(split_bounds(100, 3, block_n)):
+        want = torch.logsumexp(s[:, lo:hi], -1) if lo < hi else torch.full((2,), -math.inf)
+        torch.testing.assert_close(got[:, i], want.cpu(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("L, splits, block_n", [(100, 4, 16), (20, 4, 16), (1, 3, 8),
+                                                 (256, 10, 64)])
+def test_split_kv_widget_merge_equals_one_pass(L, splits, block_n):
+    from course_lib.widgets.split_kv import draw_split_kv, split_kv
+
+    r = split_kv(L, splits, block_n)
+    np = pytest.importorskip("numpy")
+    np.testing.assert_allclose(r.merged, r.reference, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(r.merged_lse, r.reference_lse, rtol=1e-12)
+    assert abs(r.weights.sum() - 1) < 1e-12
+    fig = draw_split_kv(L, splits, block_n)
+    assert len(fig.axes) >= 3
+
+
+def test_merge_exercise_solution_equals_the_merge_kernel():
+    """The numpy merge of the exercise and the Triton merge kernel agree."""
+    import numpy as np
+    import triton
+
+    from course_lib.exercises.decode import merge_partials_solution
+
+    rng = np.random.default_rng(5)
+    S, D = 6, 16
+    o_parts = rng.standard_normal((S, D))
+    lse_parts = rng.standard_normal(S) * 4
+    lse_parts[2] = -np.inf
+    dev = course_lib.DEVICE
+    o_t = torch.tensor(o_parts, dtype=torch.float32, device=dev).view(1, 1, 1, S, D)
+    lse_t = torch.tensor(lse_parts, dtype=torch.float32, device=dev).view(1, 1, 1, S)
+    out = poison_(torch.empty(1, 1, 1, D, device=dev))
+    lse = poison_(torch.empty(1, 1, 1, device=dev))
+    dec._decode_merge_kernel[(1,)](o_t, lse_t, out, lse, 1, D, D, D, N_Q=1, NUM_SPLITS=S,
+                                   BLOCK_S=triton.next_power_of_2(S), HEAD_DIM=D, CHUNK=4)
+    want_o, want_lse = merge_partials_solution(o_parts, lse_parts)
+    np.testing.assert_allclose(out.cpu().numpy().ravel(), want_o, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(lse.item(), want_lse, rtol=1e-6)
+
+
+def test_iomodel_decode_numbers():
+    from course_lib.iomodel import decode as io
+
+    thirteen = io.MODELS["Llama-2-13B"]
+    per_token_mb = io.kv_bytes_per_token(thirteen) / 1e6
+    assert 0.7 <= per_token_mb <= 1.0  # the seed's "about 0.7-1 MB per token at 14B"
+    # GQA: Llama-2-70B's 8 K/V heads instead of 64 divide the cache by 8
+    seventy = io.MODELS["Llama-2-70B"]
+    assert io.kv_bytes_per_token(seventy, n_kv_heads=64) == 8 * io.kv_bytes_per_token(seventy)
+    # decode intensity = group size (fp16, N_q = 1), far under any GPU's ridge point
+    for h_kv, want in ((32, 1.0), (8, 4.0), (1, 32.0)):
+        got = io.decode_attention_io(1, 32, h_kv, 1, 131072, 128)["intensity"]
+        assert abs(got - want) / want < 0.01
+    assert io.fa_forward_programs(1, 32, 1) == 32 and io.sm_fraction(32, 132) == 32 / 132
+    assert io.split_kv_programs(1, 8, 66) == 528
+    assert io.max_cached_tokens(thirteen, 80) > 0 and io.max_cached_tokens(seventy, 80) == 0
+
+
+def test_figures_draw():
+    from matplotlib.figure import Figure
+
+    from course_lib.bench import decode as bench
+    from course_lib.iomodel import decode as io
+    from course_lib.widgets import split_kv
+
+    for mod, prefix in ((io, "11_"), (split_kv, "12_")):
+        for name, make in mod.FIGURES.items():
+            assert name.startswith(prefix) and isinstance(make(), Figure)
+    assert set(bench.FIGURES) == {"12_decode_bandwidth"}
+
+
+def _fake_result():
+    from course_lib.bench import decode as bench
+
+    def measure(name, shape):
+        if name == "sdpa-MATH" and shape["N"] > 4096:
+            raise RuntimeError("refused\nsecond line")
+        base = bench.kv_bytes(shape) / 3.0e12 * 1e3  # ms at 3 TB/s
+        return {"ms": base * {"flash_decode": 1.0, "paged_decode": 1.05}.get(name, 1.2)}
+
+    rows = bench.run_sweep(bench.shapes(), list(bench.PROVIDERS), measure, copy_gbs=3300.0,
+                           progress=False)
+    return {"providers": list(bench.PROVIDERS), "copy_gbs": 3300.0, "rows": rows,
+            "environment": {"gpu": "fake"}}
+
+
+def test_bench_bookkeeping_with_a_fake_timer():
+    from course_lib.bench import decode as bench
+
+    result = _fake_result()
+    rec = bench._rec(result, 1, 131072, "flash_decode")
+    assert abs(rec["tbs"] - 3.0) < 1e-9 and abs(rec["copy_fraction"] - 3000 / 3300) < 1e-9
+    assert bench._rec(result, 8, 131072, "sdpa-MATH")["error"] == "RuntimeError: refused"
+    met = {t["target"]: t["met"] for t in bench.targets(result)}
+    assert met["B=1 N=128k flash_decode KV bw / copy bw"] is True
+    assert met["B=1 N=4k flash_decode latency / CUDNN_ATTENTION"] is True
+    assert all(v for k, v in met.items() if "paged" in k)
+    text = bench.report(result)
+    assert "targets" in text and "flash %copy" in text and "not timed" in text
+    assert bench.plot_decode(result) is not None
+
+
+def test_bench_needs_a_gpu():
+    from course_lib.bench import decode as bench
+
+    if course_lib.DEVICE == "cuda":
+        pytest.skip("checks the CPU path")
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        bench.main(["--quick"])

@@ -66,10 +66,10 @@ def _flash_fwd_v2_hopper_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    pid_bh = tl.program_id(0)  # heads vary fastest: a GQA group runs side by side
-    pid_m = tl.program_id(1)
+    pid_m = tl.program_id(0)  # Q blocks vary fastest: a head's K/V stays hot in L2
+    pid_bh = tl.program_id(1)  # the heads of a GQA group are neighbours on this axis
     if CAUSAL:
-        pid_m = tl.num_programs(1) - 1 - pid_m
+        pid_m = tl.num_programs(0) - 1 - pid_m
     b = pid_bh // H
     h = pid_bh % H
     h_kv = h // GROUP
@@ -160,6 +160,6 @@ def forward_hopper(q, k, v, causal, sm_scale, out=None):
             triton.next_power_of_2(max(N_Q, N_K)))
     meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype)}
     launch(_flash_fwd_v2_hopper_kernel, _hopper_tuned, HOPPER_CONFIGS, keep_hopper_config,
-           lambda bm: (B * H, triton.cdiv(N_Q, bm)), args, meta, args[-1],
+           lambda bm: (triton.cdiv(N_Q, bm), B * H), args, meta, args[-1],
            pre_hook=_set_block_shapes)
     return o, lse

@@ -1,0 +1,509 @@
+"""FlashAttention-2 backward in Triton, and ``FlashAttnV2Function`` that makes ``flash_attn_v2``
+differentiable.
+
+Introduced in notebooks/10_backward.ipynb. References: Dao et al. 2022, "FlashAttention",
+Appendix B.2 (the gradient formulas), B.4 (Algorithm 4) and Theorem 5 (HBM accesses); Dao 2023,
+"FlashAttention-2", section 3.1.2 (the backward loop order); the structure of Triton's tutorial
+06 (``_attn_bwd``), without its assumptions (N a multiple of the blocks, N_q = N_k, and the
+non-causal dQ that only visits the keys left of the diagonal).
+
+With S = sm_scale·QKᵀ (masked), P = softmax(S) = exp(S - lse) and O = PV, the gradients are
+
+    dV = Pᵀ dO                      dP = dO Vᵀ
+    dS = P ∘ (dP - delta)           delta_i = Σ_j P_ij dP_ij = rowsum(dO ∘ O)_i
+    dQ = sm_scale · dS K            dK = sm_scale · dSᵀ Q
+
+Nothing of size N_q × N_k is stored: P is recomputed block by block from the saved
+log-sum-exp, P = exp2(qk · sm_scale·log2 e - lse·log2 e). Three kernels:
+
+1. ``_bwd_preprocess_kernel``: delta = rowsum(dO ∘ O) and lse₂ = lse·log2 e, with lse = -inf (a
+   row that sees no key) turned into +inf so that exp2(s - lse₂) = 0 without NaN.
+2. ``_bwd_dkdv_kernel``: one program per BLOCK_N1 keys of a K/V head. K and V stay on chip
+   while the Q, dO blocks of every query head of the GQA group stream past; it computes Pᵀ
+   directly as exp2(K·Qᵀ·scale - lse₂), so no large tile is transposed, and writes dK and dV
+   once, summed over the group.
+3. ``_bwd_dq_kernel``: one program per BLOCK_M2 query rows; the K, V blocks stream past.
+
+Causal (bottom-right aligned: query i sees key j <= i + N_k - N_q): each program visits only the
+blocks that can be non-zero, in two stages, a masked band along the diagonal (narrower blocks,
+MASK_BLOCK = BLOCK / MASK_FACTOR) and an unmasked stage for the blocks wholly below it. Ragged
+N_q and N_k: a masked tail block; rows past N_q load lse₂ = +inf, so their P is exactly 0.
+Non-causal: every program walks the whole range with no causal mask at all.
+
+GQA: dK/dV of a K/V head is the sum over its group's query heads. The dK/dV program loops over
+the group's heads itself (each K/V block is loaded once, no atomics, no buffer). Where that
+grid would be too small to fill the GPU (few K/V heads, short N_k), the group is split over
+``splits`` programs that write fp32 partial sums, added on the host.
+
+Configurations: ``GPU_CONFIGS`` names one per head dim (used below AUTOTUNE_MIN_N); longer
+sequences autotune each main kernel over three candidates per head dim (``DKDV_CONFIGS``,
+``DQ_CONFIGS``, pruned by ``keep_bwd_config_for_head_dim``); the interpreter runs
+``INTERPRETER_CONFIG``. fp16 and bf16 on a GPU; fp32 and fp16 in the interpreter (bf16 refused),
+and fp64 there too, for ``torch.autograd.gradcheck`` (its accumulators follow the input).
+
+Measured speed: see course_lib/data/attention_bwd.json (filled in by the GPU run).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from course_lib._device import INTERPRET, refuse_bf16_in_interpreter
+
+LOG2E = 1.0 / math.log(2.0)
+
+
+# --------------------------------------------------------------------------------------------
+# 1. Preprocess: delta = rowsum(dO ∘ O), lse₂ = lse · log2(e) (with -inf -> +inf)
+# --------------------------------------------------------------------------------------------
+@triton.jit
+def _bwd_preprocess_kernel(O, DO, LSE, Delta, LSE2, N_Q,
+                           HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    mask_m = offs_m < N_Q
+    acc_ty = Delta.dtype.element_ty  # fp32 (fp64 only for gradcheck in the interpreter)
+    base = pid_bh.to(tl.int64) * N_Q * HEAD_DIM
+    ptrs = base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]  # (BLOCK_M, HEAD_DIM)
+    o = tl.load(O + ptrs, mask=mask_m[:, None], other=0.0).to(acc_ty)
+    do = tl.load(DO + ptrs, mask=mask_m[:, None], other=0.0).to(acc_ty)
+    delta = tl.sum(o * do, axis=1)  # (BLOCK_M,)
+    row = pid_bh.to(tl.int64) * N_Q + offs_m
+    lse = tl.load(LSE + row, mask=mask_m, other=0.0).to(acc_ty)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    tl.store(Delta + row, delta, mask=mask_m)
+    tl.store(LSE2 + row, lse2, mask=mask_m)
+
+
+# --------------------------------------------------------------------------------------------
+# 2. dK, dV: a K/V block stays on chip, Q blocks stream past
+# --------------------------------------------------------------------------------------------
+@triton.jit
+def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE2, Delta, qk_scale, offs_n, start_m, num_steps,
+                    N_Q, q_offset,
+                    BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL_MASK: tl.constexpr,
+                    CHECK_M: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Accumulate dK (unscaled) and dV of one key block over ``num_steps`` Q blocks of one head.
+
+    Q, DO, LSE2, Delta point at the head's first row. With CAUSAL_MASK, Pᵀ is zeroed where key
+    j > i + q_offset; with CHECK_M, rows i >= N_Q are masked in the loads (lse₂ = +inf: P = 0).
+    """
+    offs_d = tl.arange(0, HEAD_DIM)
+    for step in range(num_steps):
+        offs_m = start_m + step * BLOCK_M + tl.arange(0, BLOCK_M)
+        qT_ptrs = Q + offs_m[None, :] * HEAD_DIM + offs_d[:, None]  # (HEAD_DIM, BLOCK_M)
+        do_ptrs = DO + offs_m[:, None] * HEAD_DIM + offs_d[None, :]  # (BLOCK_M, HEAD_DIM)
+        if CHECK_M:
+            in_m = offs_m < N_Q
+            qT = tl.load(qT_ptrs, mask=in_m[None, :], other=0.0)
+            lse2 = tl.load(LSE2 + offs_m, mask=in_m, other=float("inf"))
+        else:
+            qT = tl.load(qT_ptrs)
+            lse2 = tl.load(LSE2 + offs_m)
+        qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M) = (K Qᵀ)
+        pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])  # Pᵀ, recomputed from the lse
+        if CAUSAL_MASK:
+            pT = tl.where(offs_n[:, None] <= offs_m[None, :] + q_offset, pT, 0.0)
+        if CHECK_M:
+            do = tl.load(do_ptrs, mask=in_m[:, None], other=0.0)
+            delta = tl.load(Delta + offs_m, mask=in_m, other=0.0)
+        else:
+            do = tl.load(do_ptrs)
+            delta = tl.load(Delta + offs_m)
+        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # dV += Pᵀ dO
+        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M)
+        dsT = pT * (dpT - delta[None, :])  # dSᵀ = Pᵀ ∘ (dPᵀ - delta)
+        dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=DOT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv_kernel(Q, K, V, DO, LSE2, Delta, DK, DV,
+                     qk_scale, sm_scale, H, H_KV, N_Q, N_K, HEADS_PER_SPLIT, N_BUCKET,
+                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     MASK_BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr,
+                     DOT_PRECISION: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_bhs = tl.program_id(1)  # (split, batch, K/V head), K/V head fastest
+    n_bhkv = tl.num_programs(1) // ((H // H_KV) // HEADS_PER_SPLIT)  # B · H_KV
+    split = pid_bhs // n_bhkv  # which slice of the GQA group this program sums
+    bhk = pid_bhs % n_bhkv
+    b = bhk // H_KV
+    hk = bhk % H_KV
+    group = H // H_KV
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    in_n = offs_n < N_K
+    acc_ty = Delta.dtype.element_ty
+
+    kv_off = bhk.to(tl.int64) * N_K * HEAD_DIM
+    kv_ptrs = offs_n[:, None] * HEAD_DIM + offs_d[None, :]  # (BLOCK_N, HEAD_DIM)
+    k = tl.load(K + kv_off + kv_ptrs, mask=in_n[:, None], other=0.0)
+    v = tl.load(V + kv_off + kv_ptrs, mask=in_n[:, None], other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=acc_ty)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=acc_ty)
+
+    # Which query rows can see this key block: the same for every head of the group.
+    q_offset = N_K - N_Q
+    if CAUSAL:
+        m_lo = tl.minimum(tl.maximum(start_n - q_offset, 0), N_Q)  # first row that sees key start_n
+        m_all = tl.minimum(tl.maximum(start_n + BLOCK_N - 1 - q_offset, 0), N_Q)  # sees them all
+        num_masked = (m_all - m_lo + MASK_BLOCK_M - 1) // MASK_BLOCK_M
+        m_full = m_lo + num_masked * MASK_BLOCK_M
+    else:
+        m_lo = 0
+        num_masked = 0
+        m_full = 0
+    num_full = tl.maximum(N_Q - m_full, 0) // BLOCK_M
+    m_tail = m_full + num_full * BLOCK_M
+    num_tail = (m_tail < N_Q).to(tl.int32)
+
+    for g in range(HEADS_PER_SPLIT):
+        h = hk * group + split * HEADS_PER_SPLIT + g
+        row0 = (b * H + h).to(tl.int64) * N_Q
+        Qh = Q + row0 * HEAD_DIM
+        DOh = DO + row0 * HEAD_DIM
+        LSE2h = LSE2 + row0
+        Deltah = Delta + row0
+        if CAUSAL:  # the band along the diagonal: narrow blocks, masked
+            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Qh, DOh, LSE2h, Deltah, qk_scale, offs_n,
+                                     m_lo, num_masked, N_Q, q_offset,
+                                     MASK_BLOCK_M, HEAD_DIM, True, True, DOT_PRECISION)
+        # the rows that see the whole key block: no mask, whole blocks
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Qh, DOh, LSE2h, Deltah, qk_scale, offs_n,
+                                 m_full, num_full, N_Q, q_offset,
+                                 BLOCK_M, HEAD_DIM, False, False, DOT_PRECISION)
+        # the ragged end of the queries
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Qh, DOh, LSE2h, Deltah, qk_scale, offs_n,
+                                 m_tail, num_tail, N_Q, q_offset,
+                                 BLOCK_M, HEAD_DIM, False, True, DOT_PRECISION)
+
+    dk = dk * sm_scale
+    out_off = pid_bhs.to(tl.int64) * N_K * HEAD_DIM  # = (split · B·H_KV + bhk) · N_K · D
+    tl.store(DK + out_off + kv_ptrs, dk.to(DK.dtype.element_ty), mask=in_n[:, None])
+    tl.store(DV + out_off + kv_ptrs, dv.to(DV.dtype.element_ty), mask=in_n[:, None])
+
+
+# --------------------------------------------------------------------------------------------
+# 3. dQ: a Q block stays on chip, K/V blocks stream past
+# --------------------------------------------------------------------------------------------
+@triton.jit
+def _bwd_dq_inner(dq, q, do, lse2, delta, K, V, qk_scale, offs_m, start_n, num_steps,
+                  N_K, q_offset,
+                  BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL_MASK: tl.constexpr,
+                  CHECK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Accumulate dQ (unscaled) of one Q block over ``num_steps`` key blocks of its K/V head."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    for step in range(num_steps):
+        offs_n = start_n + step * BLOCK_N + tl.arange(0, BLOCK_N)
+        kT_ptrs = offs_n[None, :] * HEAD_DIM + offs_d[:, None]  # (HEAD_DIM, BLOCK_N)
+        if CHECK_N:
+            in_n = offs_n < N_K
+            kT = tl.load(K + kT_ptrs, mask=in_n[None, :], other=0.0)
+            vT = tl.load(V + kT_ptrs, mask=in_n[None, :], other=0.0)
+        else:
+            kT = tl.load(K + kT_ptrs)
+            vT = tl.load(V + kT_ptrs)
+        qk = tl.dot(q, kT, input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
+        p = tl.math.exp2(qk * qk_scale - lse2[:, None])
+        if CHECK_N:  # keys past N_K (and, causal, right of the diagonal) contribute nothing
+            valid = offs_n[None, :] < N_K
+            if CAUSAL_MASK:
+                valid = valid & (offs_n[None, :] <= offs_m[:, None] + q_offset)
+            p = tl.where(valid, p, 0.0)
+        dp = tl.dot(do, vT, input_precision=DOT_PRECISION)  # dP = dO Vᵀ
+        ds = p * (dp - delta[:, None])  # dS = P ∘ (dP - delta)
+        dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=DOT_PRECISION)
+    return dq
+
+
+@triton.jit
+def _bwd_dq_kernel(Q, K, V, DO, LSE2, Delta, DQ,
+                   qk_scale, sm_scale, H, H_KV, N_Q, N_K, N_BUCKET,
+                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   MASK_BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr):
+    pid_m = tl.program_id(0)
+    if CAUSAL:  # the longest rows first: better balance at the tail of the grid
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    hk = h // (H // H_KV)
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    in_m = offs_m < N_Q
+    acc_ty = Delta.dtype.element_ty
+
+    row0 = pid_bh.to(tl.int64) * N_Q
+    q_ptrs = (row0 + offs_m[:, None]) * HEAD_DIM + offs_d[None, :]  # (BLOCK_M, HEAD_DIM)
+    q = tl.load(Q + q_ptrs, mask=in_m[:, None], other=0.0)
+    do = tl.load(DO + q_ptrs, mask=in_m[:, None], other=0.0)
+    lse2 = tl.load(LSE2 + row0 + offs_m, mask=in_m, other=float("inf"))
+    delta = tl.load(Delta + row0 + offs_m, mask=in_m, other=0.0)
+    kv_off = (b * H_KV + hk).to(tl.int64) * N_K * HEAD_DIM
+    Kh = K + kv_off
+    Vh = V + kv_off
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=acc_ty)
+
+    q_offset = N_K - N_Q
+    if CAUSAL:
+        n_all = tl.minimum(tl.maximum(start_m + q_offset + 1, 0), N_K)  # keys every row sees
+        n_end = tl.minimum(tl.maximum(start_m + BLOCK_M + q_offset, 0), N_K)  # keys any row sees
+    else:
+        n_all = N_K
+        n_end = N_K
+    num_full = n_all // BLOCK_N
+    n_masked = num_full * BLOCK_N
+    num_masked = (n_end - n_masked + MASK_BLOCK_N - 1) // MASK_BLOCK_N
+    # keys every row of the block sees: whole blocks, no mask
+    dq = _bwd_dq_inner(dq, q, do, lse2, delta, Kh, Vh, qk_scale, offs_m, 0, num_full,
+                       N_K, q_offset, BLOCK_N, HEAD_DIM, False, False, DOT_PRECISION)
+    # the diagonal band (causal) and the ragged end of the keys: narrow blocks, masked
+    dq = _bwd_dq_inner(dq, q, do, lse2, delta, Kh, Vh, qk_scale, offs_m, n_masked, num_masked,
+                       N_K, q_offset, MASK_BLOCK_N, HEAD_DIM, CAUSAL, True, DOT_PRECISION)
+    dq = dq * sm_scale
+    tl.store(DQ + q_ptrs, dq.to(DQ.dtype.element_ty), mask=in_m[:, None])
+
+
+# --------------------------------------------------------------------------------------------
+# Configurations. On a GPU: a named config per head dim (short sequences, and the fallback), and
+# for long sequences a short curated list per kernel that the autotuner times once per (head
+# dim, causal, dtype, power-of-two length bucket). The interpreter uses one small config.
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BwdConfig:
+    """Block sizes and launch settings of the backward's two main kernels.
+
+    dK/dV program: BLOCK_N1 keys, Q streamed BLOCK_M1 rows at a time; dQ program: BLOCK_M2 rows,
+    K/V streamed BLOCK_N2 keys at a time. Along the causal diagonal (and at ragged ends) the
+    streamed blocks shrink to BLOCK / mask_factor, so fewer masked-out entries are computed.
+    """
+
+    block_m1: int
+    block_n1: int
+    block_m2: int
+    block_n2: int
+    mask_factor: int
+    warps_kv: int
+    stages_kv: int
+    warps_q: int
+    stages_q: int
+    block_pre: int = 64
+
+    def check(self, head_dim: int) -> None:
+        for name in ("block_m1", "block_n1", "block_m2", "block_n2", "block_pre"):
+            b = getattr(self, name)
+            if b < 16 or b & (b - 1):
+                raise ValueError(f"{name}={b} must be a power of two >= 16")
+        for name in ("block_m1", "block_n2"):
+            if getattr(self, name) // self.mask_factor < 16:
+                raise ValueError(f"{name} / mask_factor must stay >= 16 (tl.dot's smallest tile)")
+
+
+# The named config per head dim (Triton tutorial 06's blocks for D <= 64). dK/dV holds two
+# BLOCK_N1 x D fp32 accumulators plus K and V on chip: at D = 128 that is 128 KB of registers
+# for BLOCK_N1 = 128, hence 8 warps; D = 256 needs narrow blocks.
+GPU_CONFIGS: dict[int, BwdConfig] = {
+    16: BwdConfig(32, 128, 128, 32, 2, warps_kv=4, stages_kv=5, warps_q=4, stages_q=5),
+    32: BwdConfig(32, 128, 128, 32, 2, warps_kv=4, stages_kv=5, warps_q=4, stages_q=5),
+    64: BwdConfig(32, 128, 128, 32, 2, warps_kv=4, stages_kv=5, warps_q=4, stages_q=5),
+    128: BwdConfig(32, 128, 128, 32, 2, warps_kv=8, stages_kv=3, warps_q=8, stages_q=3),
+    256: BwdConfig(16, 64, 64, 16, 1, warps_kv=8, stages_kv=2, warps_q=8, stages_q=2),
+}
+
+# The interpreter's cost is per program and per op, not per FLOP: few, medium blocks.
+INTERPRETER_CONFIG = BwdConfig(32, 64, 64, 32, 2, warps_kv=4, stages_kv=1, warps_q=4,
+                               stages_q=1, block_pre=64)
+
+
+def _kv(bm, bn, mask_bm, warps, stages):
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "MASK_BLOCK_M": mask_bm},
+                         num_warps=warps, num_stages=stages)
+
+
+def _q(bm, bn, mask_bn, warps, stages):
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "MASK_BLOCK_N": mask_bn},
+                         num_warps=warps, num_stages=stages)
+
+
+# Autotune candidates for long sequences (N >= AUTOTUNE_MIN_N), three per head dim and kernel
+# after ``keep_bwd_config_for_head_dim``: every config is compiled once per key, so the lists
+# stay short. Configs that do not fit (shared memory) are timed as infinitely slow by Triton.
+DKDV_CONFIGS = [
+    _kv(32, 128, 16, 4, 5), _kv(64, 128, 32, 8, 3), _kv(32, 128, 16, 4, 3),   # D <= 64
+    _kv(32, 128, 16, 8, 3), _kv(64, 128, 32, 8, 2), _kv(32, 64, 16, 4, 3),    # D = 128
+    _kv(16, 64, 16, 8, 2), _kv(32, 64, 16, 8, 1), _kv(16, 32, 16, 4, 2),      # D = 256
+]
+DQ_CONFIGS = [
+    _q(128, 32, 16, 4, 5), _q(128, 64, 32, 8, 3), _q(64, 64, 32, 4, 3),       # D <= 64
+    _q(128, 32, 16, 8, 3), _q(128, 64, 32, 8, 2), _q(64, 32, 16, 4, 3),       # D = 128
+    _q(64, 16, 16, 8, 2), _q(32, 32, 16, 4, 2), _q(64, 32, 16, 8, 1),         # D = 256
+]
+AUTOTUNE_MIN_N = 2048
+
+
+def keep_bwd_config_for_head_dim(configs, named_args, **kwargs):
+    """Autotune filter: the three candidates of each kernel's list meant for this head dim."""
+    d = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
+    group = 0 if d <= 64 else (1 if d <= 128 else 2)
+    return configs[3 * group:3 * group + 3]
+
+
+_dkdv_tuned = triton.autotune(
+    configs=DKDV_CONFIGS, key=["N_BUCKET", "HEAD_DIM", "CAUSAL", "DOT_PRECISION"],
+    prune_configs_by={"early_config_prune": keep_bwd_config_for_head_dim},
+)(_bwd_dkdv_kernel)
+_dq_tuned = triton.autotune(
+    configs=DQ_CONFIGS, key=["N_BUCKET", "HEAD_DIM", "CAUSAL", "DOT_PRECISION"],
+    prune_configs_by={"early_config_prune": keep_bwd_config_for_head_dim},
+)(_bwd_dq_kernel)
+
+
+def default_config(head_dim: int) -> BwdConfig:
+    """The named configuration used for this head dim (the interpreter has its own)."""
+    if INTERPRET:
+        return INTERPRETER_CONFIG
+    if head_dim not in GPU_CONFIGS:
+        raise ValueError(f"no backward config for head dim {head_dim}; have {sorted(GPU_CONFIGS)}")
+    return GPU_CONFIGS[head_dim]
+
+
+def choose_splits(B: int, H_kv: int, group: int, N_k: int, block_n1: int) -> int:
+    """How many programs share one GQA group in dK/dV (1: the group is summed in one program).
+
+    More than 1 only when B·H_kv·⌈N_k/BLOCK_N1⌉ programs would leave SMs idle: each extra split
+    costs an fp32 partial dK, dV in HBM and a sum.
+    """
+    if INTERPRET or group == 1:
+        return 1
+    programs = triton.cdiv(N_k, block_n1) * B * H_kv
+    target = 2 * torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    for d in range(1, group + 1):
+        if group % d == 0 and programs * d >= target:
+            return d
+    return group
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    """fp32 (and fp64) inputs get exact dots; TF32 would break the 2x error rule."""
+    return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
+
+
+def flash_attn_v2_backward(do, q, k, v, o, lse, causal, sm_scale, config: BwdConfig | None = None,
+                           splits: int | None = None):
+    """Gradients (dq, dk, dv) of ``O = flash_attn_v2(q, k, v, causal, sm_scale)`` for ``dO = do``.
+
+    q, o, do (B, H, N_q, D); k, v (B, H_kv, N_k, D); lse (B, H, N_q): the forward's natural-log
+    log-sum-exp (-inf where a row sees no key). Returns dq in q's dtype and dk, dv in k's dtype
+    with H_kv heads (summed over each GQA group). ``config`` and ``splits`` override the
+    defaults (tests and tuning). On a GPU, sequences of AUTOTUNE_MIN_N or more are autotuned
+    unless ``config`` is given; shorter ones use ``GPU_CONFIGS[D]``.
+    """
+    B, H, N_q, D = q.shape
+    H_kv, N_k = k.shape[1], k.shape[2]
+    if tuple(o.shape) != (B, H, N_q, D) or tuple(do.shape) != (B, H, N_q, D):
+        raise ValueError(f"o {tuple(o.shape)} and do {tuple(do.shape)} must have q's shape "
+                         f"{(B, H, N_q, D)}")
+    if tuple(k.shape) != (B, H_kv, N_k, D) or k.shape != v.shape:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be (B, H_kv, N_k, D)")
+    if H % H_kv:
+        raise ValueError(f"q's {H} heads are not a multiple of k's {H_kv} heads")
+    if tuple(lse.shape) != (B, H, N_q):
+        raise ValueError(f"lse {tuple(lse.shape)} must be (B, H, N_q) = {(B, H, N_q)}")
+    refuse_bf16_in_interpreter(q, k, v, do, names=("q", "k", "v", "do"))
+    cfg = config or default_config(D)
+    cfg.check(D)
+    n_bucket = triton.next_power_of_2(max(N_q, N_k))
+    tuned = config is None and not INTERPRET and n_bucket >= AUTOTUNE_MIN_N
+    group = H // H_kv
+    splits = choose_splits(B, H_kv, group, N_k, cfg.block_n1) if splits is None else splits
+    if splits < 1 or group % splits:
+        raise ValueError(f"splits={splits} must divide the GQA group size {group}")
+
+    q, k, v, o = (t.contiguous() for t in (q, k, v, o))
+    do = do.to(q.dtype).contiguous()
+    acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    lse = lse.contiguous()
+    delta = torch.empty((B, H, N_q), dtype=acc_dtype, device=q.device)
+    lse2 = torch.empty_like(delta)
+    _bwd_preprocess_kernel[(triton.cdiv(N_q, cfg.block_pre), B * H)](
+        o, do, lse, delta, lse2, N_q, HEAD_DIM=D, BLOCK_M=cfg.block_pre)
+
+    qk_scale = sm_scale * LOG2E
+    meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": _dot_precision(q.dtype)}
+    if splits == 1:
+        dk = torch.empty_like(k)
+        dv = torch.empty_like(v)
+    else:  # fp32 partial sums, one per split of the group
+        dk = torch.empty((splits, B, H_kv, N_k, D), dtype=acc_dtype, device=q.device)
+        dv = torch.empty_like(dk)
+    kv_args = (q, k, v, do, lse2, delta, dk, dv, qk_scale, sm_scale, H, H_kv, N_q, N_k,
+               group // splits, n_bucket)
+    if tuned:
+        _dkdv_tuned[lambda m: (triton.cdiv(N_k, m["BLOCK_N"]), splits * B * H_kv)](*kv_args,
+                                                                                   **meta)
+    else:
+        _bwd_dkdv_kernel[(triton.cdiv(N_k, cfg.block_n1), splits * B * H_kv)](
+            *kv_args, **meta, BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
+            MASK_BLOCK_M=cfg.block_m1 // cfg.mask_factor,
+            num_warps=cfg.warps_kv, num_stages=cfg.stages_kv)
+    if splits > 1:
+        dk = dk.sum(0).to(k.dtype)
+        dv = dv.sum(0).to(v.dtype)
+
+    dq = torch.empty_like(q)
+    q_args = (q, k, v, do, lse2, delta, dq, qk_scale, sm_scale, H, H_kv, N_q, N_k, n_bucket)
+    if tuned:
+        _dq_tuned[lambda m: (triton.cdiv(N_q, m["BLOCK_M"]), B * H)](*q_args, **meta)
+    else:
+        _bwd_dq_kernel[(triton.cdiv(N_q, cfg.block_m2), B * H)](
+            *q_args, **meta, BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2,
+            MASK_BLOCK_N=cfg.block_n2 // cfg.mask_factor,
+            num_warps=cfg.warps_q, num_stages=cfg.stages_q)
+    return dq, dk, dv
+
+
+# --------------------------------------------------------------------------------------------
+# Autograd
+# --------------------------------------------------------------------------------------------
+class FlashAttnV2Function(torch.autograd.Function):
+    """``flash_attn_v2`` with a backward: saves q, k, v, O and the lse (never P).
+
+    Called by ``course_lib.kernels.flash_v2.flash_attn_v2`` on validated inputs when a gradient
+    is needed. Returns O, or (O, lse) with the lse marked non-differentiable.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, sm_scale, return_lse=False, impl=None):
+        from course_lib.kernels.flash_v2 import _flash_attn_v2_forward
+
+        sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else float(sm_scale)
+        q, k, v = (t.contiguous() for t in (q, k, v))
+        o, lse = _flash_attn_v2_forward(q, k, v, causal, sm_scale, impl=impl)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal = bool(causal)
+        ctx.sm_scale = sm_scale
+        if return_lse:
+            ctx.mark_non_differentiable(lse)
+            return o, lse
+        return o
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do, *_unused_dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = flash_attn_v2_backward(do, q, k, v, o, lse, ctx.causal, ctx.sm_scale)
+        return dq, dk, dv, None, None, None, None
+
+
+__all__ = ["FlashAttnV2Function", "flash_attn_v2_backward", "BwdConfig", "GPU_CONFIGS",
+           "INTERPRETER_CONFIG", "default_config", "choose_splits"]

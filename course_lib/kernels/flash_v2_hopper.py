@@ -20,7 +20,10 @@ Strided inputs work as long as the last dim is contiguous and the other strides 
 of 16 bytes (TMA's rule); otherwise ``flash_attn_v2`` falls back to the portable kernel.
 The kernel also runs in Triton's interpreter (descriptors are emulated), so CPU tests cover it.
 
-Measured speed: see notebooks/09_hopper.ipynb and course_lib/data/attention_fwd.json.
+Measured speed (NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22;
+fp16 forward; course_lib/data/attention_fwd.json), TFLOP/s,
+portable -> hopper: D 128 non-causal N 4k 460 -> 517, N 16k 478 -> 487; causal N 16k 444 -> 476.
+At D 64 TMA does not pay (N 4k: 408 -> 367), so ``flash_attn_v2`` picks it only for D >= 128.
 """
 from __future__ import annotations
 

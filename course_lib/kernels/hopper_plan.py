@@ -1,0 +1,370 @@
+"""The numbers behind the Hopper kernel: shared memory per stage, the softmax/MMA ceiling, TMA.
+
+Introduced in notebooks/09_hopper.ipynb, next to ``course_lib.kernels.flash_v2_hopper``:
+
+* ``smem_bytes`` / ``config_rows``: the shared memory a config's tiles need (the Q tile plus
+  ``num_stages`` K and V tiles) against an SM's 228 KiB (``course_lib.hardware``), and which
+  configs the kernel's named filter ``keep_hopper_config`` keeps for each head dim;
+  ``plot_smem_per_stage`` draws it;
+* ``score_costs``: the two numbers of the ceiling argument, per score element: the tensor-core
+  time of its 4·D FLOPs and the exp2 + FP32 time of its softmax, from the GPU's datasheet rates
+  (``course_lib.hardware.GPUS``) and the CUDA Programming Guide's instruction throughputs;
+* ``tma_tile_demo``: one descriptor load and one descriptor store that run past the end of a
+  tensor, to show the copy engine clipping (no masks);
+* ``load_probe``: the first H100 measurement, the table committed in
+  ``course_lib/data/perf_notes.md``, as a result dict that ``bench.plots.plot_attention`` and
+  ``flash_v2_plan.speed_rows`` read like a stored benchmark;
+* ``launch_config``: run one kernel with one fixed config (on a GPU it returns the compiled
+  kernel: shared memory, registers, SASS).
+
+References: Shah et al. 2024, FlashAttention-3 (§3.1 warp specialisation and ping-pong
+scheduling, §3.2 intra-warpgroup overlap of softmax and GEMMs); NVIDIA, CUDA C++ Programming
+Guide, "Arithmetic Instructions" (throughput per SM per clock).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from course_lib._device import DEVICE
+from course_lib.hardware import GPUSpec, get_gpu
+from course_lib.kernels.flash_v2_plan import PERF_NOTES, grid
+
+# ---------------------------------------------------------------------------------------------
+# shared memory per pipeline stage
+# ---------------------------------------------------------------------------------------------
+
+
+def smem_bytes(BLOCK_M: int, BLOCK_N: int, D: int, stages: int, elem_bytes: int = 2) -> dict:
+    """Shared memory of one program's tiles: Q once, and per stage one K and one V tile.
+
+    An estimate of what the software pipeline keeps in flight: the compiler may need a little
+    more (barriers, layout conversions, the output tile of the TMA store) or reuse some.
+    """
+    q = BLOCK_M * D * elem_bytes
+    per_stage = 2 * BLOCK_N * D * elem_bytes  # K tile + V tile
+    return {"q": q, "per_stage": per_stage, "stages": stages, "total": q + stages * per_stage}
+
+
+def max_stages(BLOCK_M: int, BLOCK_N: int, D: int, budget_bytes: int, elem_bytes: int = 2) -> int:
+    """The deepest pipeline whose tiles fit in ``budget_bytes`` (0 if not even the Q tile fits)."""
+    left = budget_bytes - BLOCK_M * D * elem_bytes
+    return max(0, left // (2 * BLOCK_N * D * elem_bytes))
+
+
+def config_label(cfg) -> str:
+    k = cfg.kwargs
+    return f"{k['BLOCK_M']}x{k['BLOCK_N']} w{cfg.num_warps} s{cfg.num_stages}"
+
+
+def config_rows(configs=None, head_dims=(64, 128, 256), gpu: str | GPUSpec = "H100-SXM",
+                keep=None) -> list[dict]:
+    """Per (head dim, config): the estimate, whether it fits one block's shared memory, and
+    whether the kernel's filter (``keep_hopper_config`` unless ``keep`` is given) keeps it."""
+    from course_lib.kernels import flash_v2_hopper as hop
+
+    configs = hop.HOPPER_CONFIGS if configs is None else configs
+    keep = hop.keep_hopper_config if keep is None else keep
+    spec = get_gpu(gpu)
+    budget = spec.smem_per_block_bytes or spec.smem_per_sm_bytes
+    rows = []
+    for d in head_dims:
+        kept = {id(c) for c in keep(configs, {"HEAD_DIM": d})}
+        for c in configs:
+            est = smem_bytes(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], d, c.num_stages)
+            rows.append({"D": d, "config": config_label(c), "BLOCK_M": c.kwargs["BLOCK_M"],
+                         "BLOCK_N": c.kwargs["BLOCK_N"], "warps": c.num_warps,
+                         "stages": c.num_stages, "q_kib": est["q"] / 1024,
+                         "per_stage_kib": est["per_stage"] / 1024,
+                         "total_kib": est["total"] / 1024, "budget_kib": budget / 1024,
+                         "fits": est["total"] <= budget, "kept": id(c) in kept})
+    return rows
+
+
+def plot_smem_per_stage(head_dims=(64, 128, 256), gpu: str = "H100-SXM"):
+    """Stacked bars: the Q tile and each stage's K + V tiles of every Hopper config, per head
+    dim, against the shared memory one block may use; configs the filter drops are hatched."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    rows = config_rows(head_dims=head_dims, gpu=gpu)
+    fig = Figure(figsize=(4.2 * len(head_dims), 4.2), layout="constrained")
+    axes = fig.subplots(1, len(head_dims), sharey=True, squeeze=False)[0]
+    top = max(r["total_kib"] for r in rows)
+    for ax, d in zip(axes, head_dims):
+        sub = [r for r in rows if r["D"] == d]
+        for x, r in enumerate(sub):
+            hatch = None if r["kept"] else "//"
+            ax.bar(x, r["q_kib"], color="tab:purple", hatch=hatch, edgecolor="white")
+            for s in range(r["stages"]):
+                ax.bar(x, r["per_stage_kib"], bottom=r["q_kib"] + s * r["per_stage_kib"],
+                       color=("tab:blue", "tab:cyan")[s % 2], hatch=hatch, edgecolor="white")
+            ax.text(x, r["total_kib"] + 4, f"{r['total_kib']:.0f}", ha="center", fontsize=8)
+        ax.axhline(sub[0]["budget_kib"], color="crimson", ls="--", lw=1)
+        ax.text(len(sub) - 0.5, sub[0]["budget_kib"] + 4,
+                f"{sub[0]['budget_kib']:.0f} KiB per block", color="crimson", ha="right",
+                fontsize=8)
+        ax.set_xticks(range(len(sub)), [r["config"] for r in sub], rotation=35, ha="right",
+                      fontsize=8)
+        ax.set_title(f"HEAD_DIM = {d}")
+        ax.set_ylim(0, max(top, sub[0]["budget_kib"]) * 1.12)
+    axes[0].set_ylabel("shared memory per program (KiB), fp16")
+    axes[0].legend(handles=[Patch(color="tab:purple", label="Q tile"),
+                            Patch(color="tab:blue", label="one stage: K + V tiles"),
+                            Patch(facecolor="white", edgecolor="gray", hatch="//",
+                                  label="dropped by keep_hopper_config")],
+                   fontsize=8, loc="upper left")
+    fig.suptitle(f"Hopper configs: tiles in flight against {get_gpu(gpu).name}'s shared memory",
+                 fontsize=10)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# the ceiling: tensor-core time against softmax time, per score element
+# ---------------------------------------------------------------------------------------------
+
+MUFU_PER_SM_CYCLE = 16
+"""exp2 (MUFU.EX2) results per SM per clock on sm_80/sm_90: CUDA C++ Programming Guide,
+"Arithmetic Instructions", row "32-bit floating-point reciprocal, ..., base-2 exponential"."""
+FP32_PER_SM_CYCLE = 128
+"""32-bit add/multiply/fused multiply-add results per SM per clock on sm_90 (same table)."""
+
+
+def softmax_fp32_ops(D: int, BLOCK_N: int) -> dict[str, float]:
+    """FP32 instructions per score element in the unmasked loop of ``_online_softmax_step``,
+    besides its exp2. The α-rescale of acc costs D multiplications per row and key block:
+    D / BLOCK_N per score."""
+    return {"scale and subtract the row max (one FFMA)": 1.0,
+            "row max (FMNMX)": 1.0,
+            "row sum of p (FADD)": 1.0,
+            "convert p to fp16 (one F2FP per two scores)": 0.5,
+            "rescale acc by α (FMUL, D / BLOCK_N)": D / BLOCK_N}
+
+
+def score_costs(D: int, gpu: str | GPUSpec = "H100-SXM", BLOCK_N: int = 128) -> dict:
+    """The two numbers, per score element, in picoseconds of the whole chip.
+
+    * MMA: 4·D FLOPs (QKᵀ and PV, the course's FLOP count) at the dense fp16 tensor-core rate;
+    * softmax: one exp2 at the MUFU rate plus ``softmax_fp32_ops`` at the FP32 rate; the two
+      rates are the datasheet's FP32 TFLOP/s (two FLOPs per FMA) times 16/128 and 1/2.
+
+    ``serial_tflops``: the throughput if the two never overlap (time = MMA + softmax), the
+    design of the course's kernels; ``overlapped_tflops``: if they overlap perfectly (time =
+    the larger one), what FlashAttention-3's ping-pong schedule aims at. A model, not a bound.
+    """
+    spec = get_gpu(gpu)
+    fp32_instr_per_s = spec.fp32_tflops * 1e12 / 2
+    exp2_per_s = fp32_instr_per_s * MUFU_PER_SM_CYCLE / FP32_PER_SM_CYCLE
+    flops = 4 * D
+    ops = softmax_fp32_ops(D, BLOCK_N)
+    t_mma = flops / (spec.fp16_tensor_tflops * 1e12) * 1e12
+    t_exp2 = 1 / exp2_per_s * 1e12
+    t_fp32 = sum(ops.values()) / fp32_instr_per_s * 1e12
+    t_soft = t_exp2 + t_fp32
+    return {"D": D, "BLOCK_N": BLOCK_N, "gpu": spec.name, "mma_flops": flops,
+            "fp32_ops": sum(ops.values()), "mma_ps": t_mma, "exp2_ps": t_exp2,
+            "fp32_ps": t_fp32, "softmax_ps": t_soft, "softmax/mma": t_soft / t_mma,
+            "bound": "softmax" if t_soft > t_mma else "MMA",
+            "peak_tflops": spec.fp16_tensor_tflops,
+            "serial_tflops": flops / (t_mma + t_soft),
+            "overlapped_tflops": min(spec.fp16_tensor_tflops, flops / t_soft)}
+
+
+def plot_ceiling(head_dims=(64, 128, 256), gpu: str = "H100-SXM", measured: dict | None = None):
+    """Per head dim: MMA and softmax time per score (left), the two ceilings in TFLOP/s and,
+    if given, ``measured`` {D: {label: TFLOP/s}} (right)."""
+    from matplotlib.figure import Figure
+
+    costs = [score_costs(d, gpu) for d in head_dims]
+    fig = Figure(figsize=(10, 3.8), layout="constrained")
+    ax1, ax2 = fig.subplots(1, 2)
+    x = range(len(head_dims))
+    ax1.bar([i - 0.2 for i in x], [c["mma_ps"] for c in costs], 0.4, color="tab:green",
+            label="MMA: 4·D FLOPs on tensor cores")
+    ax1.bar([i + 0.2 for i in x], [c["exp2_ps"] for c in costs], 0.4, color="tab:red",
+            label="exp2 (MUFU)")
+    ax1.bar([i + 0.2 for i in x], [c["fp32_ps"] for c in costs], 0.4,
+            bottom=[c["exp2_ps"] for c in costs], color="tab:orange",
+            label="other FP32 softmax work")
+    ax1.set_xticks(list(x), [f"D = {d}" for d in head_dims])
+    ax1.set_ylabel("picoseconds per score element (whole chip)")
+    ax1.set_title("The two numbers")
+    ax1.legend(fontsize=8)
+    ax2.plot(list(x), [c["serial_tflops"] for c in costs], "o-", color="tab:gray",
+             label="no overlap (MMA + softmax)")
+    ax2.plot(list(x), [c["overlapped_tflops"] for c in costs], "s--", color="tab:purple",
+             label="perfect overlap (max)")
+    ax2.axhline(costs[0]["peak_tflops"], color="k", lw=0.8, ls=":", label="dense fp16 peak")
+    for label_i, (d_label, marker) in enumerate((("v2-hopper", "D"), ("sdpa-CUDNN_ATTENTION",
+                                                                        "^"))):
+        pts = [(i, measured[d][d_label]) for i, d in enumerate(head_dims)
+               if measured and d in measured and measured[d].get(d_label)]
+        if pts:
+            ax2.plot(*zip(*pts), marker, ms=8, ls="none", color=f"C{label_i + 3}",
+                     label=f"measured {d_label}")
+    ax2.set_xticks(list(x), [f"D = {d}" for d in head_dims])
+    ax2.set_ylabel("TFLOP/s")
+    ax2.set_ylim(0, costs[0]["peak_tflops"] * 1.08)
+    ax2.set_title("Ceilings of the model")
+    ax2.legend(fontsize=8)
+    fig.suptitle(f"{costs[0]['gpu']}: softmax against MMA per score element (BLOCK_N = "
+                 f"{costs[0]['BLOCK_N']})", fontsize=10)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# TMA: the copy engine clips at the tensor's bounds
+# ---------------------------------------------------------------------------------------------
+
+@triton.jit
+def _tma_tile_probe_kernel(desc_in, desc_out, OUT, start, BLOCK: tl.constexpr,
+                           D: tl.constexpr):
+    tile = desc_in.load([0, 0, start, 0]).reshape(BLOCK, D)  # no mask: rows past N are zeros
+    offs = tl.arange(0, BLOCK)[:, None] * D + tl.arange(0, D)[None, :]
+    tl.store(OUT + offs, tile)  # what arrived, into a plain (BLOCK, D) buffer
+    desc_out.store([0, 0, start, 0], (tile + 1).reshape(1, 1, BLOCK, D))  # rows past N dropped
+
+
+def tma_tile_demo(N: int = 20, D: int = 16, start: int = 16, BLOCK: int = 8) -> dict:
+    """Load rows [start, start + BLOCK) of an (1, 1, N, D) tensor through a TMA descriptor and
+    store them (plus one) back through another, with no mask although the tile runs past N.
+
+    Returns ``x`` (the tensor, values 1, 2, ...), ``tile`` (what the load delivered) and
+    ``buf``: a buffer of N + BLOCK rows, zeros, of which the store's descriptor sees only the
+    first N; the rows past N stay zero because the store is clipped.
+    """
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    x = (torch.arange(N * D, dtype=torch.float32) + 1).reshape(1, 1, N, D)
+    x = x.to(device=DEVICE, dtype=torch.float16)
+    buf = torch.zeros(1, 1, N + BLOCK, D, dtype=torch.float16, device=DEVICE)
+    tile = torch.full((BLOCK, D), float("nan"), dtype=torch.float16, device=DEVICE)
+    desc_in = TensorDescriptor.from_tensor(x, [1, 1, BLOCK, D])
+    desc_out = TensorDescriptor.from_tensor(buf[:, :, :N], [1, 1, BLOCK, D])
+    _tma_tile_probe_kernel[(1,)](desc_in, desc_out, tile, start, BLOCK=BLOCK, D=D)
+    return {"x": x.cpu(), "tile": tile.cpu(), "buf": buf.cpu(), "N": N, "start": start,
+            "BLOCK": BLOCK}
+
+
+# ---------------------------------------------------------------------------------------------
+# probe 1: the first H100 table, committed in course_lib/data/perf_notes.md
+# ---------------------------------------------------------------------------------------------
+
+_PROBE_COLUMNS = {"portable": "v2-portable", "hopper (TMA)": "v2-hopper",
+                  "SDPA FLASH": "sdpa-FLASH_ATTENTION", "SDPA cuDNN": "sdpa-CUDNN_ATTENTION"}
+
+
+def parse_probe_table(text: str, heading: str = "Forward, probe 1") -> dict:
+    """The markdown table under the heading that contains ``heading``, as a result dict shaped
+    like ``python -m course_lib.bench attention``'s (providers, rows with results → tflops)."""
+    from course_lib.kernels.flash_v2_plan import markdown_table
+
+    table = markdown_table(text, heading)
+    head = list(table[0])
+    providers = [_PROBE_COLUMNS[h] for h in head if h in _PROBE_COLUMNS]
+    rows = []
+    for rec in table:
+        results = {_PROBE_COLUMNS[h]: {"tflops": float(rec[h]), "ms": None, "error": None}
+                   for h in head if h in _PROBE_COLUMNS}
+        rows.append({"D": int(rec["D"]), "causal": rec["causal"] not in ("0", "False"),
+                     "N": int(rec["N"]), "results": results})
+    env = {}
+    m = re.search(r"\(([^,()]*H100[^,()]*), torch ([^,]+), triton ([^)]+)\)", text)
+    if m:
+        env = {"gpu": m.group(1).strip(), "torch": m.group(2).strip(),
+               "triton": m.group(3).strip()}
+    return {"subject": "attention", "mode": "fwd", "dtype": "fp16",
+            "flops_formula": "4·B·H·N_q·N_k·D, ×½ causal", "providers": providers,
+            "rows": rows, "environment": env, "source": f"perf_notes.md: {heading}"}
+
+
+def load_probe(path: Path = PERF_NOTES) -> dict:
+    """Probe 1 from the committed perf notes (see ``parse_probe_table``)."""
+    return parse_probe_table(Path(path).read_text(encoding="utf-8"))
+
+
+def impl_gain_rows(result: dict) -> list[dict]:
+    """Per shape: portable and Hopper TFLOP/s, Hopper's gain, and both against SDPA's kernels."""
+    out = []
+    for r in result["rows"]:
+        res = r["results"]
+
+        def t(name):
+            return res.get(name, {}).get("tflops")
+
+        p, h = t("v2-portable"), t("v2-hopper")
+        fa2, cudnn = t("sdpa-FLASH_ATTENTION"), t("sdpa-CUDNN_ATTENTION")
+        out.append({"D": r["D"], "causal": r["causal"], "N": r["N"], "portable": p,
+                    "hopper": h, "hopper/portable": h / p if p and h else None,
+                    "hopper/FA2": h / fa2 if h and fa2 else None,
+                    "hopper/cuDNN": h / cudnn if h and cudnn else None})
+    return out
+
+
+def _probe_figure():
+    from course_lib.bench.plots import plot_attention
+
+    return plot_attention(load_probe())
+
+
+# ---------------------------------------------------------------------------------------------
+# one kernel, one fixed config
+# ---------------------------------------------------------------------------------------------
+
+def launch_config(impl: str, q, k, v, causal: bool, config, sm_scale: float | None = None):
+    """Run the ``impl`` kernel ("portable" or "hopper") with one ``triton.Config``, no autotune.
+
+    Returns (o, lse, compiled): ``compiled`` is Triton's compiled kernel on a GPU (its
+    ``metadata.shared`` bytes, ``n_regs``, ``n_spills``, ``asm["sass"]``), None in the
+    interpreter.
+    """
+    from course_lib.kernels import flash_v2 as v2
+    from course_lib.kernels import flash_v2_hopper as hop
+
+    B, H, N_Q, D = q.shape
+    H_KV, N_K = k.shape[1], k.shape[2]
+    sm_scale = D ** -0.5 if sm_scale is None else sm_scale
+    o, lse = v2.allocate_outputs(q)
+    meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": v2.dot_precision(q.dtype),
+            **config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+    grid_ = grid(B, H, N_Q, config.kwargs["BLOCK_M"])  # the wrappers' grid, Q blocks on axis 0
+    bucket = triton.next_power_of_2(max(N_Q, N_K))
+    if impl == "portable":
+        compiled = v2._flash_fwd_v2_kernel[grid_](
+            q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+            *o.stride()[:3], sm_scale * v2.LOG2E, H, H // H_KV, N_Q, N_K, bucket, **meta)
+    elif impl == "hopper":
+        descs = [hop._descriptor(t, 16) for t in (q, k, v, o)]
+        hop._set_block_shapes({**meta, **dict(zip(("desc_q", "desc_k", "desc_v", "desc_o"),
+                                                  descs))})
+        compiled = hop._flash_fwd_v2_hopper_kernel[grid_](
+            *descs, lse, sm_scale * v2.LOG2E, H, H // H_KV, N_Q, N_K, bucket, **meta)
+    else:
+        raise ValueError(f"impl must be 'portable' or 'hopper', got {impl!r}")
+    return o, lse, (compiled if DEVICE == "cuda" else None)
+
+
+def count_instructions(sass: str, opcode: str) -> int:
+    """How many SASS lines use ``opcode`` (e.g. "HGMMA", "MUFU.EX2", "UTMALDG")."""
+    return sum(1 for ln in sass.splitlines() if re.search(rf"\b{re.escape(opcode)}\b", ln))
+
+
+def autotune_bucket(N_q: int, N_k: int) -> int:
+    """The length bucket in the autotune key: next power of two of max(N_q, N_k)."""
+    return triton.next_power_of_2(max(N_q, N_k))
+
+
+FIGURES = {"09_hopper_smem_per_stage": plot_smem_per_stage,
+           "09_softmax_mma_ceiling": plot_ceiling,
+           "09_probe1_tflops": _probe_figure}
+"""The figures this module draws: image stem (images/<stem>.png) -> a function returning it."""
+
+__all__ = ["FP32_PER_SM_CYCLE", "MUFU_PER_SM_CYCLE", "PERF_NOTES", "autotune_bucket",
+           "config_label", "config_rows", "count_instructions", "impl_gain_rows",
+           "launch_config", "load_probe", "max_stages", "parse_probe_table", "plot_ceiling",
+           "plot_smem_per_stage", "score_costs", "smem_bytes", "softmax_fp32_ops",
+           "tma_tile_demo", "FIGURES"]

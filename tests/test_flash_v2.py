@@ -127,3 +127,18 @@ def test_gpu_long_sequences(D, causal):
     for impl in IMPLS:
         o = flash_attn_v2(q, k, v, causal=causal, impl=impl)
         assert_close_2x(o, ref, attention_same_precision(q, k, v, causal=causal), name=impl)
+
+
+def test_misaligned_contiguous_views_are_copied_for_tma():
+    from course_lib.kernels.flash_v2_hopper import tma_compatible, tma_ready
+
+    B, H, N, D = 1, 2, 33, 64
+    buf = fresh_randn(B * H * N * D + 1, dtype=torch.float16)
+    k = buf[1:].view(B, H, N, D)  # contiguous, but 2 bytes past a 16-byte boundary
+    assert k.is_contiguous() and not tma_compatible(k)
+    k2 = tma_ready(k)
+    assert tma_compatible(k2) and torch.equal(k2, k)
+    q, v = (fresh_randn(B, H, N, D, dtype=torch.float16) for _ in range(2))
+    for impl in IMPLS:
+        o = flash_attn_v2(q, k, v, impl=impl)
+        assert_close_2x(o, attention(q, k, v), attention_same_precision(q, k, v), name=impl)

@@ -306,7 +306,8 @@ def _available_impls() -> tuple[str, ...]:
 IMPLS = _available_impls()
 
 
-def best_impl(q: torch.Tensor) -> str:
+def best_impl(q: torch.Tensor, k: torch.Tensor | None = None,
+              v: torch.Tensor | None = None) -> str:
     """The implementation ``impl=None`` picks, from the measured sweep on an H100.
 
     TMA pays at HEAD_DIM >= 128 (517 vs 460 TFLOP/s at N = 4k); at HEAD_DIM <= 64 the portable
@@ -315,7 +316,7 @@ def best_impl(q: torch.Tensor) -> str:
     if DEVICE == "cuda" and "hopper" in IMPLS and q.shape[-1] >= 128:
         from course_lib.kernels.flash_v2_hopper import tma_compatible
 
-        if tma_compatible(q):
+        if all(tma_compatible(t) for t in (q, k, v) if t is not None):
             return "hopper"
     return "portable"
 
@@ -325,7 +326,7 @@ def _flash_attn_v2_forward(q, k, v, causal, sm_scale, impl=None, out=None):
 
     ``out`` = (o, lse) preallocated (contiguous) lets tests poison the outputs with NaN first.
     """
-    impl = impl or best_impl(q)
+    impl = impl or best_impl(q, k, v)
     if impl == "portable":
         return _forward_portable(q, k, v, causal, sm_scale, out)
     if impl == "hopper":

@@ -122,7 +122,8 @@ def keep_hopper_config(configs, named_args, **kwargs):
     """Autotune filter: what fits an sm_90 SM's 228 KB for this head dim.
 
     HEAD_DIM 256 keeps 64 x 64 tiles with 2 stages (Q tile 32 KB + 2 stages of K and V tiles of
-    32 KB each); HEAD_DIM 128 keeps 128 x 128 only with 2 stages.
+    32 KB each). At HEAD_DIM 128, 128 x 128 with 3 stages needs about 224 of the 227 KB a block
+    may use: it is kept, and the autotuner drops it where the compiler finds it does not fit.
     """
     d = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
     kept = []
@@ -151,11 +152,21 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(t, [1, 1, rows, t.shape[-1]])
 
 
+def tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself if TMA can read it, else a fresh (aligned, contiguous) copy.
+
+    ``t.contiguous()`` is not enough: a contiguous view may start at a misaligned address.
+    """
+    if tma_compatible(t):
+        return t
+    return torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t)
+
+
 def forward_hopper(q, k, v, causal, sm_scale, out=None):
     """Forward on validated inputs with the TMA kernel: (o, lse)."""
     B, H, N_Q, D = q.shape
     H_KV, N_K = k.shape[1], k.shape[2]
-    q, k, v = (t if tma_compatible(t) else t.contiguous() for t in (q, k, v))
+    q, k, v = (tma_ready(t) for t in (q, k, v))
     o, lse = allocate_outputs(q, out)
     # block shapes are placeholders: the pre-hook (GPU) or the line below (interpreter) sets them
     descs = [_descriptor(t, 16) for t in (q, k, v, o)]

@@ -1,5 +1,6 @@
 """environment.yml (conda) and pyproject.toml (pip) declare the same dependencies."""
 import re
+
 try:
     import tomllib
 except ImportError:  # Python 3.10: pip carries a copy of tomli

@@ -19,7 +19,9 @@ def _split(spec: str) -> tuple[str, str]:
 
 def pip_dependencies() -> dict[str, str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    specs = list(project["dependencies"]) + list(project["optional-dependencies"]["test"])
+    specs = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        specs += list(extra)
     return dict(_split(s) for s in specs)
 
 

@@ -134,3 +134,17 @@ def test_readme_quick_start_is_two_commands():
     assert [c.split("#")[0].strip() for c in commands] == ["./course lab", "./course test"]
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     assert "./course test" in ci
+
+
+def test_lesson_map_matches_notebooks_and_readme():
+    from course_lib.lessons import LESSONS
+
+    on_disk = {p.stem for p in (ROOT / "notebooks").glob("*.ipynb")}
+    listed = {lesson.notebook for lesson in LESSONS}
+    assert on_disk == listed, (f"not in lessons.py: {sorted(on_disk - listed)}; "
+                               f"no notebook: {sorted(listed - on_disk)}")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for lesson in LESSONS:
+        assert f"(notebooks/{lesson.notebook}.ipynb)" in readme, lesson.notebook
+        if lesson.deck:
+            assert f"(slides/{lesson.deck}.md)" in readme, lesson.deck

@@ -28,6 +28,24 @@ def median_ms(fn, warmup_ms: float = 100, rep_ms: float = 500) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def graph_median_ms(fn, warmup_ms: float = 100, rep_ms: float = 500) -> float:
+    """Median time of replaying a CUDA graph of ``fn()``: the GPU's time, without the host's.
+
+    For work of a few microseconds (one decode step) the Python and launch overhead of an eager
+    call can exceed the kernels' time; serving systems replay graphs for the same reason.
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture: compilation, autotuning, caches
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return median_ms(graph.replay, warmup_ms=warmup_ms, rep_ms=rep_ms)
+
+
 @contextlib.contextmanager
 def sdpa_backend(name: str):
     """Force one PyTorch SDPA backend ('FLASH_ATTENTION', 'CUDNN_ATTENTION', ...)."""

@@ -1,0 +1,146 @@
+"""slides/: one Marp deck per lesson group, English and Chinese, rendered by marp-cli.
+
+Every deck of course_lib.lessons exists in slides/ and slides/zh/, renders to HTML with the
+pinned marp-cli (``npm ci``), links only images that exist, has speaker notes on every slide, a
+title slide and a closing slide that names the deck's notebooks, and quotes the numbers that
+course_lib computes today (``course_lib.slides.facts``). With a Chromium present, every slide is
+laid out at 1280×720 and checked for overflow, and two decks are exported to PDF.
+"""
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from course_lib import slides
+
+ROOT = Path(__file__).resolve().parent.parent
+DECKS = slides.deck_names()
+LANGS = tuple(slides.LANGS)
+MD_IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
+
+needs_marp = pytest.mark.skipif(
+    slides.marp_executable() is None or shutil.which("node") is None,
+    reason="marp-cli is not installed: run `npm ci` in the repository root (needs node and npm)")
+needs_chromium = pytest.mark.skipif(
+    slides.chrome_path() is None or slides.marp_executable() is None,
+    reason="no Chromium (apt-get install chromium fonts-noto-cjk) or no marp-cli (npm ci)")
+
+
+def slides_of_markdown(path: Path) -> tuple[str, list[str]]:
+    """(front matter, slide bodies) of a deck, split on Marp's '---' separators."""
+    text = path.read_text()
+    _, front, body = text.split("---\n", 2)
+    return front, re.split(r"\n---\n", body)
+
+
+def test_deck_names_match_the_lesson_map():
+    assert DECKS == ["01_softmax", "02_gpu_tiling", "03_attention_io", "04_flash_v1",
+                     "05_triton_flash", "06_backward", "07_decoding"]
+    for lang in LANGS:
+        on_disk = sorted(p.stem for p in slides.LANGS[lang].glob("*.md"))
+        assert on_disk == DECKS, f"{lang}: {on_disk}"
+
+
+@pytest.mark.parametrize("lang", LANGS)
+@pytest.mark.parametrize("deck", DECKS)
+def test_deck_source(deck, lang):
+    path = slides.deck_path(deck, lang)
+    front, bodies = slides_of_markdown(path)
+    for directive in ("marp: true", "math: katex", "size: 16:9", "paginate: true"):
+        assert directive in front, f"{path.name}: front matter lacks {directive!r}"
+    assert ("lang: zh-CN" if lang == "zh" else "lang: en") in front
+    assert 10 <= len(bodies) <= 20, f"{path}: {len(bodies)} slides"
+    assert "_class: title" in bodies[0] and re.search(r"^# ", bodies[0], re.M), "no title slide"
+    assert "_class: closing" in bodies[-1], "the last slide is not the closing slide"
+    for nb in slides.notebooks_of(deck):
+        assert f"notebooks/{nb}.ipynb" in bodies[-1], f"closing slide does not name {nb}"
+    # Images: relative links into images/, each of which exists.
+    depth = "../../" if lang == "zh" else "../"
+    for link in MD_IMAGE.findall(path.read_text()):
+        assert link.startswith(f"{depth}images/"), f"{path.name}: {link}"
+        assert (path.parent / link).resolve().exists(), f"{path.name}: {link} does not exist"
+    # Derivations in KaTeX: display math on several slides.
+    assert path.read_text().count("$$") >= 4, f"{path.name}: no derivations in $$...$$"
+
+
+def test_decks_quote_the_numbers_the_code_computes():
+    problems = slides.check_facts()
+    assert not problems, "\n".join(problems)
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    out = tmp_path_factory.mktemp("slides")
+    return out, slides.render_html(out)
+
+
+@pytest.mark.slides
+@needs_marp
+def test_every_deck_renders_to_html(rendered):
+    out, html = rendered
+    expected = {f"{d}.html" for d in DECKS}
+    assert {p.name for p in html if p.parent == out / "html"} == expected
+    assert {p.name for p in html if p.parent == out / "html" / "zh"} == expected
+    for page in html:
+        text = page.read_text()
+        assert 'class="katex' in text, f"{page.name}: no KaTeX output"
+        assert "katex-fonts/KaTeX_Main-Regular" in text, "KaTeX fonts not served locally"
+        assert (page.parent / "katex-fonts" / "KaTeX_Main-Regular.woff2").exists()
+
+
+@pytest.mark.slides
+@needs_marp
+def test_rendered_image_links_resolve(rendered):
+    _, html = rendered
+    for page in html:
+        info = slides.slides_of(page)
+        assert info["images"], f"{page.name} shows no figure"
+        assert slides.broken_images(page) == [], page.name
+
+
+@pytest.mark.slides
+@needs_marp
+def test_every_slide_has_speaker_notes(rendered):
+    _, html = rendered
+    for page in html:
+        info = slides.slides_of(page)
+        assert info["slides"] >= 10
+        silent = [i + 1 for i in range(info["slides"]) if not info["notes"].get(i)]
+        assert not silent, f"{page.relative_to(page.parents[1])}: no notes on slides {silent}"
+
+
+@pytest.mark.slides
+@needs_chromium
+def test_no_slide_overflows(rendered):
+    _, html = rendered
+    problems = slides.check_layout(html)
+    report = [f"{Path(f).name} slide {p['slide']}: {p['element']} {p['what']!r} "
+              f"(top {p['top']}, bottom {p['bottom']}, right {p['right']})"
+              for f, items in problems.items() for p in items]
+    assert not report, "\n".join(report)
+
+
+@pytest.mark.slides
+@needs_chromium
+def test_pdf_export(tmp_path):
+    decks = [slides.deck_path("01_softmax", "en"), slides.deck_path("01_softmax", "zh")]
+    pdfs = slides.render_pdf(tmp_path, decks=decks)
+    n_slides = len(slides_of_markdown(decks[0])[1])
+    for pdf in pdfs:
+        data = pdf.read_bytes()
+        assert data.startswith(b"%PDF"), pdf
+        if shutil.which("pdfinfo"):
+            info = subprocess.run(["pdfinfo", str(pdf)], capture_output=True, text=True).stdout
+            assert re.search(rf"^Pages:\s+{n_slides}$", info, re.M), info
+    # Chromium draws Chinese text only with a CJK font installed; without one the zh PDF shows
+    # empty boxes, which no PDF check would notice.
+    if shutil.which("fc-list"):
+        cjk = subprocess.run(["fc-list", ":lang=zh", "family"], capture_output=True,
+                             text=True).stdout.strip()
+        assert cjk, "no Chinese font for Chromium: apt-get install fonts-noto-cjk"
+    if shutil.which("pdftotext"):
+        text = subprocess.run(["pdftotext", str(pdfs[1]), "-"], capture_output=True,
+                              text=True).stdout
+        assert "学习目标" in text and "在线" in text, "the zh PDF lost its Chinese text"

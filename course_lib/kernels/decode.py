@@ -51,19 +51,22 @@ Split and merge are two launches; on a GPU the Python wrapper's own cost (valida
 long sequences and by ``do_bench``'s L2 flush in the benchmark.
 
 Measured speed (NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22;
-N_q = 1, H = 32, H_kv = 8, D = 128, fp16; copy bandwidth
-3003 GB/s measured in the same run; course_lib/data/decode.json):
+N_q = 1, H = 32, H_kv = 8, D = 128, fp16; CUDA-graph replays, L2 flushed between runs; copy
+bandwidth measured in the same run; course_lib/data/decode.json):
 
     B   N      flash_decode        paged_decode        SDPA FLASH   SDPA cuDNN
-    1   4k     42.6 us (13% copy)  140.1 us            26.8 us      53.5 us
-    1   128k   204.8 us (87%)      204.0 us (88%)      206.5 us     1467.6 us
-    8   32k    370.9 us (96%)      457.3 us (78%)      369.8 us     387.6 us
-    8   128k   1411.6 us (101%)    1752.4 us (82%)     1401.2 us    1518.8 us
+    1   4k     18.9 us (29% copy)  20.2 us             26.0 us      54.1 us
+    1   32k    73.6 us (60%)       70.2 us             71.4 us      368.4 us
+    1   128k   203.9 us (87%)      204.4 us (87%)      205.9 us     1446.0 us
+    8   32k    370.0 us (96%)      459.8 us (77%)      365.0 us     389.5 us
+    8   128k   1406.6 us (101%)    1776.4 us (80%)     1400.0 us    1505.4 us
 
 Targets: B = 1, N = 128k at 87% of the copy bandwidth (>= 85% met; the 92% goal not);
-B = 1, N = 4k at 0.80x cuDNN's latency (<= 1.2x met). paged_decode is within 10% of
-flash_decode at B = 1 from 32k on, but not at N = 4k (3.3x: the fixed cost of the page walk) nor
-at B = 8 (1.23-2.4x): not met. (Over 100% of "copy" means part of the cache came from L2.)
+B = 1, N = 4k at 0.35x cuDNN's latency (<= 1.2x met). paged_decode is within 10% of
+flash_decode at B = 1 and at B = 8, N = 4k, but 1.24-1.26x slower at B = 8 from 32k on: not
+met there (the page walk's scattered 4 KB rows at full occupancy). Timed eagerly instead, the
+host's Python and launch overhead dominates at N = 4k (flash 42 us): see ``ms_eager`` in the
+JSON. (Over 100% of "copy" means part of the cache came from L2.)
 """
 from __future__ import annotations
 

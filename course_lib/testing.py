@@ -82,3 +82,42 @@ def attention_same_precision(q, k, v, causal=False, sm_scale=None):
         s = s.masked_fill(~causal_mask(N_q, N_k, s.device), float("-inf"))
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # all -inf rows: NaN -> 0
     return torch.matmul(p, v)
+
+
+def check_extreme_logits(o, q, k, v, causal, sm_scale, atol, gap=10.0):
+    """The check for huge logits (sm_scale ~ 1e4), where softmax is all but one-hot.
+
+    There the fp32 rounding of a score near 5e4 is ~3e-3, so in a row whose two largest scores
+    nearly tie, any two correct implementations may weigh the two keys differently. A fixed
+    tolerance on every row is therefore flaky on fresh random inputs. Checked instead:
+    every output is finite and inside the convex hull of V's rows (softmax weights are >= 0
+    and sum to 1); and rows whose top-two score gap exceeds ``gap`` (well-conditioned) equal
+    the fp32 reference within ``atol``. Returns how many rows were compared with the reference.
+
+    Why gap = 10: a score error δ (~1e-2 here: fp32 rounding of q·k ~ 15, times 1e4) moves the
+    output by about e^(-gap)·|v₁ - v₂|·δ; below 1e-4 needs gap >= 6. At this scale the gaps of
+    random rows are in the thousands, so nearly every row is compared.
+    """
+    from course_lib.reference import attention, causal_mask, expand_kv
+
+    assert torch.isfinite(o).all(), "non-finite output for extreme logits"
+    H, N_q, N_k = q.shape[1], q.shape[2], k.shape[2]
+    kk, vv = expand_kv(k.double(), H), expand_kv(v.double(), H)
+    s = torch.matmul(q.double(), kk.transpose(-1, -2)) * sm_scale  # (B, H, N_q, N_k)
+    if causal:
+        s = s.masked_fill(~causal_mask(N_q, N_k, s.device), float("-inf"))
+    visible = torch.isfinite(s)[..., None]  # (B, H, N_q, N_k, 1)
+    rows = vv.unsqueeze(2)  # (B, H, 1, N_k, D)
+    big = torch.finfo(torch.float64).max
+    v_min = torch.where(visible, rows, big).amin(dim=3)  # (B, H, N_q, D)
+    v_max = torch.where(visible, rows, -big).amax(dim=3)
+    seen = visible.any(3)  # (B, H, N_q, 1)
+    od = o.double()
+    inside = (od >= v_min - atol) & (od <= v_max + atol)
+    assert torch.all(~seen | inside), "an output lies outside the convex hull of V's rows"
+    top2 = torch.topk(s, k=min(2, N_k), dim=-1).values
+    well = seen[..., 0] & ((top2[..., 0] - top2[..., -1] > gap) if N_k > 1 else True)
+    ref = attention(q, k, v, causal=causal, sm_scale=sm_scale)
+    err = (od - ref.double()).abs().amax(-1)  # (B, H, N_q)
+    assert torch.all(err[well] <= atol), f"max error {err[well].max():.3e} > {atol:g}"
+    return int(well.sum())

@@ -11,7 +11,13 @@ from course_lib.kernels.flash_v1 import (
     flash_attn_v1,
 )
 from course_lib.reference import attention
-from course_lib.testing import assert_close_2x, attention_same_precision, fresh_randn, poison_
+from course_lib.testing import (
+    assert_close_2x,
+    attention_same_precision,
+    check_extreme_logits,
+    fresh_randn,
+    poison_,
+)
 
 DTYPES = [torch.float32, torch.float16] if course_lib.INTERPRET else [torch.float16,
                                                                         torch.bfloat16]
@@ -86,11 +92,11 @@ def test_extreme_logits(dtype):
     q, k, v = _inputs(1, 2, 2, 70, 70, 32, dtype)
     for causal in (False, True):
         o = _run_poisoned(q, k, v, causal, sm_scale=1e4)
-        ref = attention(q, k, v, causal=causal, sm_scale=1e4)
-        assert torch.isfinite(o).all()
-        # softmax is all but one-hot: O picks rows of V, exactly up to the output's rounding
-        torch.testing.assert_close(o.float(), ref, atol=2e-3 if dtype != torch.float32 else 1e-4,
-                                   rtol=0)
+        # softmax is all but one-hot: O picks rows of V, up to the output's rounding, except
+        # where two scores nearly tie (see course_lib.testing.check_extreme_logits)
+        compared = check_extreme_logits(o, q, k, v, causal, 1e4,
+                                        atol=2e-3 if dtype != torch.float32 else 1e-4)
+        assert compared >= 0.8 * q.shape[1] * q.shape[2]
 
 
 def test_public_api_defaults_and_strides():

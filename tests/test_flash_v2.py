@@ -5,7 +5,13 @@ import torch
 import course_lib
 from course_lib.kernels.flash_v2 import IMPLS, _flash_attn_v2_forward, flash_attn_v2
 from course_lib.reference import attention
-from course_lib.testing import assert_close_2x, attention_same_precision, fresh_randn, poison_
+from course_lib.testing import (
+    assert_close_2x,
+    attention_same_precision,
+    check_extreme_logits,
+    fresh_randn,
+    poison_,
+)
 
 DTYPES = [torch.float32, torch.float16] if course_lib.INTERPRET else [torch.float16,
                                                                         torch.bfloat16]
@@ -67,13 +73,16 @@ def test_rows_that_see_no_key_are_zero_not_nan(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_extreme_logits(impl):
-    q, k, v = _inputs(1, 2, 2, 70, 70, 32, torch.float32)
-    for causal in (False, True):
-        o, lse = flash_attn_v2(q, k, v, causal=causal, sm_scale=1e4, return_lse=True, impl=impl)
-        ref_o, ref_lse = attention(q, k, v, causal=causal, sm_scale=1e4, return_lse=True)
-        assert torch.isfinite(o).all() and torch.isfinite(lse).all()
-        torch.testing.assert_close(o, ref_o, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-5)
+    for dtype, atol in ((torch.float32, 1e-4), (torch.float16, 2e-3)):
+        q, k, v = _inputs(1, 2, 2, 70, 70, 32, dtype)
+        for causal in (False, True):
+            o, lse = flash_attn_v2(q, k, v, causal=causal, sm_scale=1e4, return_lse=True,
+                                   impl=impl)
+            assert torch.isfinite(lse).all()
+            ref_lse = attention(q, k, v, causal=causal, sm_scale=1e4, return_lse=True)[1]
+            torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-5)
+            compared = check_extreme_logits(o, q, k, v, causal, 1e4, atol=atol)
+            assert compared >= 0.8 * q.shape[1] * q.shape[2]
 
 
 def test_strided_inputs_need_no_copy_to_be_right():

@@ -1,0 +1,206 @@
+"""course_lib.hf: the course's kernels as a Hugging Face attention implementation.
+
+A small LLaMA with random weights (nothing downloaded): logits against an fp64 eager reference
+with the 2x rule, greedy tokens identical to eager's, decode steps really routed to
+flash_decode, chunked prefill and multi-token decode against a cache, a static cache, gradients,
+and the clear errors for what the kernels cannot do (padding, sliding windows, dropout).
+"""
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="transformers (the course's [hf] extra) is missing")
+
+from course_lib import DEVICE, hf  # noqa: E402
+from course_lib.testing import assert_close_2x, errors  # noqa: E402
+
+
+def _ids(batch, n, seed=0, vocab=1000):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (batch, n), generator=gen).to(DEVICE)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return hf.make_llama(hf.small_llama_config(num_hidden_layers=2))
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    """The same weights in float64 with eager attention: the reference."""
+    ref = copy.deepcopy(model).double()
+    ref.set_attn_implementation("eager")
+    return ref
+
+
+def _logits(model, impl, ids, **kw):
+    model.set_attn_implementation(impl)
+    try:
+        with torch.inference_mode():
+            return model(ids, **kw).logits
+    finally:
+        model.set_attn_implementation(hf.ATTN_IMPLEMENTATION)
+
+
+def test_registered_names():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    assert AttentionInterface._global_mapping[hf.ATTN_IMPLEMENTATION] is \
+        hf.course_attention_forward
+    assert AttentionMaskInterface._global_mapping[hf.ATTN_IMPLEMENTATION] is \
+        hf.course_attention_mask
+    assert "flash" not in hf.ATTN_IMPLEMENTATION  # transformers would look for a hub kernel
+
+
+@pytest.mark.parametrize("batch,n", [(2, 37), (1, 64)])
+def test_logits_match_eager_2x_rule(model, reference, batch, n):
+    ids = _ids(batch, n, seed=n)
+    with torch.inference_mode():
+        ref = reference(ids).logits
+    ours = _logits(model, hf.ATTN_IMPLEMENTATION, ids)
+    for impl in ("sdpa", "eager"):
+        assert_close_2x(ours, ref, _logits(model, impl, ids), name=f"logits vs {impl}",
+                        atol=1e-5)
+
+
+def test_greedy_32_tokens_identical_to_eager_and_decode_uses_flash_decode(model):
+    ids = _ids(1, 20, seed=1)
+    model.set_attn_implementation("eager")
+    want = hf.greedy(model, ids, 32)
+    model.set_attn_implementation(hf.ATTN_IMPLEMENTATION)
+    hf.CALLS.clear()
+    got = hf.greedy(model, ids, 32)
+    print("eager :", want[0].tolist())
+    print("course:", got[0].tolist())
+    assert torch.equal(got, want)
+    layers = model.config.num_hidden_layers
+    assert hf.CALLS == {"prefill": layers, "decode": 31 * layers}, hf.CALLS
+
+
+@pytest.mark.parametrize("first,second", [(9, 20), (16, 4), (28, 1)])
+def test_chunks_after_a_cache_match_one_forward(model, first, second):
+    """Chunked prefill (> 16 new tokens: flash_attn_v2 bottom-right causal) and multi-token
+    decode (<= 16: flash_decode causal among the new tokens) against a DynamicCache."""
+    ids = _ids(2, first + second, seed=first)
+    hf.CALLS.clear()
+    with torch.inference_mode():
+        full = model(ids).logits
+        out = model(ids[:, :first], use_cache=True)
+        out2 = model(ids[:, first:], past_key_values=out.past_key_values, use_cache=True)
+    route = "prefill" if second > hf.DECODE_MAX_QUERIES else "decode"
+    assert hf.CALLS[route] >= model.config.num_hidden_layers, hf.CALLS
+    err, _ = errors(out2.logits, full[:, first:])
+    print(f"chunk of {second} after {first}: max err {err:.2e} ({route})")
+    assert err < 1e-4
+
+
+def test_static_cache_generation_matches_eager(model):
+    """A StaticCache gives the kernels a padded cache and a causal mask over its used part."""
+    ids = _ids(1, 12, seed=3)
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
+              pad_token_id=0)
+    with torch.inference_mode():
+        model.set_attn_implementation("eager")
+        want = model.generate(ids, **kw)
+        model.set_attn_implementation(hf.ATTN_IMPLEMENTATION)
+        got = model.generate(ids, cache_implementation="static", **kw)
+    assert torch.equal(got, want)
+
+
+def test_gradients_match_eager(model):
+    """With gradients on, every call goes to flash_attn_v2 (differentiable)."""
+    ids = _ids(1, 24, seed=4)
+    grads = {}
+    for impl in (hf.ATTN_IMPLEMENTATION, "eager"):
+        model.set_attn_implementation(impl)
+        model.zero_grad()
+        model(ids, labels=ids).loss.backward()
+        grads[impl] = {n: p.grad.clone() for n, p in model.named_parameters()
+                       if p.grad is not None}
+    model.set_attn_implementation(hf.ATTN_IMPLEMENTATION)
+    model.zero_grad()
+    ours, eager = grads[hf.ATTN_IMPLEMENTATION], grads["eager"]
+    assert ours.keys() == eager.keys()
+    worst = max(errors(ours[n], eager[n])[0] / (eager[n].abs().max().item() + 1e-12)
+                for n in eager)
+    print(f"worst relative gradient error: {worst:.2e}")
+    assert worst < 1e-4
+
+
+def test_mask_function_returns_none_for_plain_causal():
+    ones = torch.ones(2, 10, dtype=torch.bool)
+    assert hf.course_attention_mask(2, 10, 10, attention_mask=ones) is None
+    assert hf.course_attention_mask(2, 1, 10, q_offset=9, attention_mask=ones) is None
+    assert hf.course_attention_mask(2, 4, 10, q_offset=6) is None
+    padded = ones.clone()
+    padded[0, :3] = False
+    mask = hf.course_attention_mask(2, 10, 10, attention_mask=padded)
+    assert mask is not None and mask.shape == (2, 1, 10, 10)
+
+
+def test_padding_is_refused_with_a_clear_error(model):
+    ids = _ids(2, 12, seed=5)
+    attn = torch.ones_like(ids)
+    attn[0, :3] = 0  # left padding of the first sequence
+    with pytest.raises(NotImplementedError, match="without padding"), torch.inference_mode():
+        model(ids, attention_mask=attn)
+
+
+def test_dropout_and_sliding_window_are_refused():
+    class Layer(torch.nn.Module):
+        is_causal = True
+        sliding_window = None
+
+    q = torch.randn(1, 4, 8, 32, device=DEVICE)
+    k = torch.randn(1, 2, 8, 32, device=DEVICE)
+    layer = Layer()
+    out, weights = hf.course_attention_forward(layer, q, k, k, None, scaling=0.2)
+    assert out.shape == (1, 8, 4, 32) and weights is None
+    with pytest.raises(NotImplementedError, match="dropout"):
+        hf.course_attention_forward(layer, q, k, k, None, dropout=0.1)
+    with pytest.raises(NotImplementedError, match="softcap"):
+        hf.course_attention_forward(layer, q, k, k, None, softcap=30.0)
+    layer.sliding_window = 4
+    with pytest.raises(NotImplementedError, match="sliding-window"):
+        hf.course_attention_forward(layer, q, k, k, None)
+
+
+@pytest.mark.gpu
+def test_bf16_logits_on_gpu_2x_rule():
+    model = hf.make_llama(hf.small_llama_config(), dtype=torch.bfloat16)
+    ref = copy.deepcopy(model).float()
+    ref.set_attn_implementation("eager")
+    ids = _ids(2, 300, seed=6)
+    with torch.inference_mode():
+        want = ref(ids).logits
+    ours = _logits(model, hf.ATTN_IMPLEMENTATION, ids)
+    assert_close_2x(ours, want, _logits(model, "sdpa", ids), name="bf16 logits", atol=1e-2)
+
+
+def test_exercise_checker():
+    from course_lib.exercises import llama as ex
+
+    assert ex.check_attention_function(ex.attention_function_solution)
+
+    def stub(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        raise NotImplementedError
+
+    def no_transpose(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                     **kwargs):
+        return ex.attention_function_solution(module, query, key, value, attention_mask,
+                                              scaling)[0].transpose(1, 2), None
+
+    def top_left(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                 **kwargs):  # the chunk after a cache needs bottom-right alignment
+        n_q, n_k = query.shape[2], key.shape[2]
+        k = key.repeat_interleave(query.shape[1] // key.shape[1], 1)
+        v = value.repeat_interleave(query.shape[1] // value.shape[1], 1)
+        s = query @ k.transpose(-1, -2) * scaling
+        top_left_mask = torch.ones(n_q, n_k, dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~top_left_mask, float("-inf"))
+        return (s.softmax(-1) @ v).transpose(1, 2), None
+
+    for wrong in (stub, no_transpose, top_left, lambda *a, **k: None):
+        assert not ex.check_attention_function(wrong)

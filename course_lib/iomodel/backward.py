@@ -28,12 +28,11 @@ return never stores the N_q × N_k matrix P (nor reads it back).
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 
 import torch
 from matplotlib.figure import Figure
 
-from course_lib.iomodel.attention import block_is_visible, paper_block_sizes
+from course_lib.iomodel.attention import HBMCounter, block_is_visible, paper_block_sizes
 
 __all__ = [
     "BackwardCounter", "standard_backward_io", "count_standard_backward",
@@ -42,43 +41,20 @@ __all__ = [
 ]
 
 
-class BackwardCounter:
-    """Counts the elements the backward's loops load from and store to HBM, per tensor name.
+class BackwardCounter(HBMCounter):
+    """``course_lib.iomodel.attention.HBMCounter`` for the backward's loops.
 
-    The same interface as ``course_lib.iomodel.attention.HBMCounter`` (``read(name, block)``,
-    ``write(name, block)``, ``reads``, ``writes``, ``elements``, ``hbm_bytes``); the row
-    statistics l, m, lse and delta are ``stats_bytes`` wide, every other tensor ``bytes_per_el``.
+    Same interface (``read(name, block)``, ``write(name, block)``, ``reads``, ``writes``,
+    ``elements``, ``hbm_bytes``); the row statistics l, m, lse and delta are ``stats_bytes``
+    wide, every other tensor ``bytes_per_el``.
     """
 
     STATS = ("m", "l", "lse", "delta")
 
     def __init__(self, bytes_per_el: int = 2, stats_bytes: int = 4):
+        super().__init__(bytes_per_el, stats_bytes)
         self.bytes_per_el, self.stats_bytes = bytes_per_el, stats_bytes
-        self.reads: dict[str, int] = defaultdict(int)
-        self.writes: dict[str, int] = defaultdict(int)
-
-    @staticmethod
-    def _numel(block) -> int:
-        return int(block) if isinstance(block, int) else int(block.numel())
-
-    def read(self, name: str, block) -> None:
-        self.reads[name] += self._numel(block)
-
-    def write(self, name: str, block) -> None:
-        self.writes[name] += self._numel(block)
-
-    @property
-    def elements(self) -> int:
-        return sum(self.reads.values()) + sum(self.writes.values())
-
-    @property
-    def hbm_bytes(self) -> int:
-        return sum(n * (self.stats_bytes if k in self.STATS else self.bytes_per_el)
-                   for counts in (self.reads, self.writes) for k, n in counts.items())
-
-    def __repr__(self) -> str:
-        return (f"BackwardCounter(reads={dict(self.reads)}, writes={dict(self.writes)}, "
-                f"elements={self.elements}, bytes={self.hbm_bytes})")
+        self.widths["delta"] = stats_bytes
 
 
 def _result(reads: dict, writes: dict, B: int, H: int, bytes_per_el: int, stats_bytes: int,

@@ -116,6 +116,9 @@ def test_bad_input_names_the_argument():
         flash_attn_v2(q, k, v, impl="cuda-graphs")
     with pytest.raises(TypeError, match="causal"):
         flash_attn_v2(q, k, v, causal="yes")
+    with pytest.raises(ValueError, match="batch x heads"):
+        big = fresh_randn(1, 1, 1, 64, dtype=torch.float16).expand(65536, 1, 1, 64)
+        flash_attn_v2(big, big, big)
     with pytest.raises(TypeError, match="q has dtype"):
         flash_attn_v2(q.to(torch.int32), k, v)
 

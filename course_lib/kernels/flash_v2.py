@@ -65,6 +65,7 @@ from course_lib.kernels._validate import check_attention_inputs, check_sm_scale
 
 LOG2E = 1.0 / math.log(2.0)
 LN2 = math.log(2.0)
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis, which carries batch x heads
 
 
 @triton.jit
@@ -350,6 +351,9 @@ def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=N
         raise ValueError(f"impl must be None or one of {IMPLS}, got {impl!r}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if q.shape[0] * q.shape[1] > MAX_GRID_Y:
+        raise ValueError(f"q's batch x heads = {q.shape[0] * q.shape[1]} exceeds {MAX_GRID_Y}, "
+                         "the CUDA grid's limit on the axis that carries them; split the batch")
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         from course_lib.kernels.flash_bwd import FlashAttnV2Function
 

@@ -12,6 +12,11 @@ import torch
 
 from course_lib._device import DEVICE
 
+# Dtypes a kernel test covers: the interpreter computes bf16 dots wrongly, so CPU runs use fp32
+# and fp16; a GPU runs the dtypes used in practice.
+KERNEL_DTYPES = ([torch.float32, torch.float16] if DEVICE == "cpu"
+                 else [torch.float16, torch.bfloat16])
+
 
 def fresh_randn(*shape, dtype=torch.float32, device=None, seed=None, scale=1.0):
     """Fresh random normal input (never zeros: zeros hide unwritten outputs)."""

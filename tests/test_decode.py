@@ -13,10 +13,15 @@ from course_lib.kernels.decode import (
     paged_decode,
     pages_to_contiguous,
 )
-from course_lib.testing import assert_close_2x, attention_same_precision, fresh_randn, poison_
+from course_lib.testing import (
+    KERNEL_DTYPES,
+    assert_close_2x,
+    attention_same_precision,
+    fresh_randn,
+    poison_,
+)
 
-DTYPES = [torch.float32, torch.float16] if course_lib.INTERPRET else [torch.float16,
-                                                                        torch.bfloat16]
+DTYPES = KERNEL_DTYPES
 
 CASES = [  # B, H, H_kv, N_q, N_max, D, lengths (None: all N_max)
     (1, 2, 2, 1, 1, 32, None),                 # a single key

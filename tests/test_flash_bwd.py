@@ -16,10 +16,9 @@ from course_lib.kernels.flash_bwd import (
     flash_attn_v2_backward,
 )
 from course_lib.reference import attention
-from course_lib.testing import assert_close_2x, attention_same_precision, fresh_randn
+from course_lib.testing import KERNEL_DTYPES, assert_close_2x, attention_same_precision, fresh_randn
 
-DTYPES = [torch.float32, torch.float16] if course_lib.INTERPRET else [torch.float16,
-                                                                        torch.bfloat16]
+DTYPES = KERNEL_DTYPES
 
 SHAPES = [  # B, H, H_kv, N_q, N_k, D
     (1, 2, 2, 1, 1, 32),

@@ -12,6 +12,7 @@ from course_lib.kernels.flash_v1 import (
 )
 from course_lib.reference import attention
 from course_lib.testing import (
+    KERNEL_DTYPES,
     assert_close_2x,
     attention_same_precision,
     check_extreme_logits,
@@ -19,8 +20,7 @@ from course_lib.testing import (
     poison_,
 )
 
-DTYPES = [torch.float32, torch.float16] if course_lib.INTERPRET else [torch.float16,
-                                                                        torch.bfloat16]
+DTYPES = KERNEL_DTYPES
 SEQ = (1, 17, 64, 97, 130)
 SHAPES = [  # B, H, H_kv, N_q, N_k, D: every N of SEQ, N_q = N_k and N_q != N_k, GQA
     (1, 2, 2, 1, 1, 32),

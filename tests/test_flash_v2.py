@@ -6,6 +6,7 @@ import course_lib
 from course_lib.kernels.flash_v2 import IMPLS, _flash_attn_v2_forward, flash_attn_v2
 from course_lib.reference import attention
 from course_lib.testing import (
+    KERNEL_DTYPES,
     assert_close_2x,
     attention_same_precision,
     check_extreme_logits,
@@ -13,8 +14,7 @@ from course_lib.testing import (
     poison_,
 )
 
-DTYPES = [torch.float32, torch.float16] if course_lib.INTERPRET else [torch.float16,
-                                                                        torch.bfloat16]
+DTYPES = KERNEL_DTYPES
 
 SHAPES = [  # B, H, H_kv, N_q, N_k, D
     (1, 2, 2, 1, 1, 64),

@@ -79,8 +79,8 @@ import triton.language as tl
 
 from course_lib._device import INTERPRET
 from course_lib.kernels._validate import check_attention_inputs, check_sm_scale, check_tensor
+from course_lib.reference import LOG2E
 
-LOG2E = 1.4426950408889634
 MAX_SPLITS = 256
 PROGRAMS_PER_SM = 4
 MIN_TILES_PER_SPLIT = 2

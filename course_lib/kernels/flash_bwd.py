@@ -60,7 +60,6 @@ and dQ kernels compute S and dP twice (7 matmuls where the FLOP formula counts 5
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -68,8 +67,8 @@ import triton
 import triton.language as tl
 
 from course_lib._device import INTERPRET, refuse_bf16_in_interpreter
-
-LOG2E = 1.0 / math.log(2.0)
+from course_lib.kernels.flash_v2 import AUTOTUNE_MIN_N, _flash_attn_v2_forward, dot_precision
+from course_lib.reference import LOG2E
 
 
 # --------------------------------------------------------------------------------------------
@@ -363,7 +362,6 @@ DQ_CONFIGS = [
     _q(128, 32, 16, 8, 3), _q(128, 64, 32, 8, 2), _q(64, 32, 16, 4, 3),       # D = 128
     _q(64, 16, 16, 8, 2), _q(32, 32, 16, 4, 2), _q(64, 32, 16, 8, 1),         # D = 256
 ]
-AUTOTUNE_MIN_N = 2048
 
 
 def keep_bwd_config_for_head_dim(configs, named_args, **kwargs):
@@ -408,11 +406,6 @@ def choose_splits(B: int, H_kv: int, group: int, N_k: int, block_n1: int) -> int
     return group
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
-    """fp32 (and fp64) inputs get exact dots; TF32 would break the 2x error rule."""
-    return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
-
-
 def flash_attn_v2_backward(do, q, k, v, o, lse, causal, sm_scale, config: BwdConfig | None = None,
                            splits: int | None = None):
     """Gradients (dq, dk, dv) of ``O = flash_attn_v2(q, k, v, causal, sm_scale)`` for ``dO = do``.
@@ -454,7 +447,7 @@ def flash_attn_v2_backward(do, q, k, v, o, lse, causal, sm_scale, config: BwdCon
         o, do, lse, delta, lse2, N_q, HEAD_DIM=D, BLOCK_M=cfg.block_pre)
 
     qk_scale = sm_scale * LOG2E
-    meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": _dot_precision(q.dtype)}
+    meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype)}
     if splits == 1:
         dk = torch.empty_like(k)
         dv = torch.empty_like(v)
@@ -499,8 +492,6 @@ class FlashAttnV2Function(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, sm_scale, return_lse=False, impl=None):
-        from course_lib.kernels.flash_v2 import _flash_attn_v2_forward
-
         sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else float(sm_scale)
         q, k, v = (t.contiguous() for t in (q, k, v))
         o, lse = _flash_attn_v2_forward(q, k, v, causal, sm_scale, impl=impl)

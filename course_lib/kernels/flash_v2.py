@@ -54,17 +54,14 @@ DRAM traffic at the FlashAttention paper's Figure 2 shape (B 64, H 16, N 1024, d
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from course_lib._device import DEVICE, INTERPRET
 from course_lib.kernels._validate import check_attention_inputs, check_sm_scale
+from course_lib.reference import LOG2E
 
-LOG2E = 1.0 / math.log(2.0)
-LN2 = math.log(2.0)
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis, which carries batch x heads
 
 
@@ -263,8 +260,8 @@ def launch(kernel, tuned, configs, keep, grid_of, args, meta, n_bucket, pre_hook
 
 
 def dot_precision(dtype: torch.dtype) -> str:
-    """fp32 inputs get exact fp32 dots ("ieee"); TF32 would fail the 2x error rule."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+    """fp32 (and fp64) inputs get exact dots ("ieee"); TF32 would fail the 2x error rule."""
+    return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
 
 
 def allocate_outputs(q, out=None):

@@ -36,11 +36,13 @@ import torch
 from course_lib.bench.common import (
     DATA_DIR,
     SDPA_BACKENDS,
+    describe_error,
     format_table,
     median_ms,
     require_gpu,
     save_result,
     sdpa_backend,
+    sweep,
 )
 from course_lib.reference import attention_flops
 
@@ -97,32 +99,15 @@ def run_sweep(shape_list: list[dict], providers: list[str], measure, mode: str =
     ``measure`` is the GPU timer in a real run and a fake in the CPU tests. A provider that
     raises is recorded with its error and the sweep goes on.
     """
-    from tqdm.auto import tqdm
+    def derive(shape, rec):
+        rec["tflops"] = tflops(shape_flops(shape, mode), rec.get("ms"))
 
-    rows = []
-    bar = tqdm(total=len(shape_list) * len(providers), disable=not progress, unit="run",
-               desc=f"attention {mode}")
-    for shape in shape_list:
-        flops = shape_flops(shape, mode)
-        results = {}
-        for name in providers:
-            bar.set_postfix_str(f"D={shape['D']} causal={shape['causal']} N={shape['N']} {name}")
-            try:
-                rec = dict(measure(name, shape))
-            except Exception as exc:  # a failing provider is a result, not the end of the sweep
-                rec = {"ms": None, "error": _describe(exc)}
-            rec.setdefault("error", None)
-            rec["tflops"] = tflops(flops, rec.get("ms"))
-            results[name] = rec
-            bar.update()
-        rows.append({**shape, "flops": flops, "results": results})
-    bar.close()
-    return rows
+    def label(shape):
+        return f"D={shape['D']} causal={shape['causal']} N={shape['N']}"
 
-
-def _describe(exc: BaseException) -> str:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {first}"[:300]
+    return [{**shape, "flops": shape_flops(shape, mode), "results": results}
+            for shape, results in sweep(shape_list, providers, measure, derive,
+                                        f"attention {mode}", label, progress)]
 
 
 def best_v2(row: dict) -> tuple[str | None, float | None]:
@@ -218,7 +203,7 @@ def _v2_impls() -> tuple[tuple[str, ...], str | None]:
     try:
         from course_lib.kernels.flash_v2 import IMPLS
     except ImportError as exc:
-        return (), _describe(exc)
+        return (), describe_error(exc)
     return tuple(IMPLS), None
 
 

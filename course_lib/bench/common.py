@@ -101,6 +101,42 @@ def load_result(name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def describe_error(exc: BaseException) -> str:
+    """One line naming an exception, for a provider's record in a result file."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}"[:300]
+
+
+def sweep(shape_list, providers, measure, derive, desc: str, label, progress: bool = True):
+    """``measure(provider, shape) -> dict`` for every shape and provider, with a progress bar.
+
+    A provider that raises is recorded as ``{"ms": None, "error": ...}`` and the sweep goes on
+    (a refusing backend is a result). ``derive(shape, rec)`` adds the subject's own fields to
+    each record; ``label(shape)`` names the shape on the bar. Returns ``[(shape, {provider:
+    record})]`` in order.
+    """
+    from tqdm.auto import tqdm
+
+    out = []
+    bar = tqdm(total=len(shape_list) * len(providers), disable=not progress, unit="run",
+               desc=desc)
+    for shape in shape_list:
+        results = {}
+        for name in providers:
+            bar.set_postfix_str(f"{label(shape)} {name}")
+            try:
+                rec = dict(measure(name, shape))
+            except Exception as exc:
+                rec = {"ms": None, "error": describe_error(exc)}
+            rec.setdefault("error", None)
+            derive(shape, rec)
+            results[name] = rec
+            bar.update()
+        out.append((shape, results))
+    bar.close()
+    return out
+
+
 def format_table(rows: list[dict], columns: list[str], floatfmt: str = "{:.1f}") -> str:
     """A plain-text table (no dependency) of ``rows`` restricted to ``columns``."""
     cells = [[c for c in columns]]

@@ -48,6 +48,7 @@ import torch
 from course_lib.bench.common import (
     DATA_DIR,
     copy_bandwidth_gbs,
+    describe_error,
     format_table,
     graph_median_ms,
     load_result,
@@ -55,6 +56,7 @@ from course_lib.bench.common import (
     require_gpu,
     save_result,
     sdpa_backend,
+    sweep,
 )
 
 H, H_KV, D, N_Q = 32, 8, 128, 1
@@ -85,34 +87,15 @@ def run_sweep(shape_list, providers, measure, copy_gbs: float, progress: bool = 
     """``measure(provider, shape) -> dict`` with ``ms`` (None when refused) and maybe ``error``,
     ``max_err``; adds µs, TB/s and the fraction of ``copy_gbs``. A provider that raises is
     recorded with its error and the sweep goes on. (A fake ``measure`` tests this on a CPU.)"""
-    from tqdm.auto import tqdm
+    def derive(shape, rec):
+        ms = rec.get("ms")
+        rec["us"] = None if ms is None else ms * 1e3
+        rec["tbs"] = None if not ms else kv_bytes(shape) / (ms * 1e-3) / 1e12
+        rec["copy_fraction"] = None if rec["tbs"] is None else rec["tbs"] * 1e3 / copy_gbs
 
-    rows = []
-    bar = tqdm(total=len(shape_list) * len(providers), disable=not progress, unit="run",
-               desc="decode")
-    for shape in shape_list:
-        results = {}
-        for name in providers:
-            bar.set_postfix_str(f"B={shape['B']} N={shape['N']} {name}")
-            try:
-                rec = dict(measure(name, shape))
-            except Exception as exc:  # a refusing backend is a result, not the end of the run
-                rec = {"ms": None, "error": _describe(exc)}
-            rec.setdefault("error", None)
-            ms = rec.get("ms")
-            rec["us"] = None if ms is None else ms * 1e3
-            rec["tbs"] = None if not ms else kv_bytes(shape) / (ms * 1e-3) / 1e12
-            rec["copy_fraction"] = None if rec["tbs"] is None else rec["tbs"] * 1e3 / copy_gbs
-            results[name] = rec
-            bar.update()
-        rows.append({**shape, "kv_bytes": kv_bytes(shape), "results": results})
-    bar.close()
-    return rows
-
-
-def _describe(exc: BaseException) -> str:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {first}"[:300]
+    return [{**shape, "kv_bytes": kv_bytes(shape), "results": results}
+            for shape, results in sweep(shape_list, providers, measure, derive, "decode",
+                                        lambda s: f"B={s['B']} N={s['N']}", progress)]
 
 
 def _ratio(a, b):
@@ -319,7 +302,7 @@ def tune(measure: GPUMeasure, shape_list, progress: bool = True) -> dict:
                                    warmup_ms=25, rep_ms=100)
                 except Exception as exc:  # a config that does not compile is skipped
                     trials.append({**cfg, "num_splits": s, "B": shape["B"], "N": shape["N"],
-                                   "error": _describe(exc)})
+                                   "error": describe_error(exc)})
                     continue
                 trials.append({**cfg, "num_splits": s, "B": shape["B"], "N": shape["N"],
                                "us": ms * 1e3})

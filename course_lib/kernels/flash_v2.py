@@ -236,27 +236,23 @@ _portable_tuned = triton.autotune(
 )(_flash_fwd_v2_kernel)
 
 
-def launch(kernel, tuned, configs, keep, grid_of, args, meta, n_bucket, pre_hook=None):
+def launch(kernel, tuned, configs, keep, grid_of, args, meta, n_bucket, prepare=None):
     """Launch ``kernel`` in one of three ways: interpreter blocks, a fixed config, or autotuned.
 
-    ``grid_of(BLOCK_M)`` gives the grid; ``pre_hook(named_args)`` prepares a fixed config's
-    launch the way the autotuner's config pre-hook would (TMA descriptors' block shapes).
+    ``grid_of(BLOCK_M)`` gives the grid. ``prepare(blocks)`` readies a fixed config's launch the
+    way the autotuner's config pre-hook readies a tuned one (the TMA descriptors' block shapes).
     """
-    if INTERPRET:
-        blocks = dict(INTERPRETER_BLOCKS)
-        if pre_hook is not None:
-            pre_hook({**meta, **blocks, **dict(zip(("desc_q", "desc_k", "desc_v", "desc_o"),
-                                                   args[:4]))})
-        kernel[grid_of(blocks["BLOCK_M"])](*args, **meta, **blocks)
-    elif n_bucket < AUTOTUNE_MIN_N:
-        cfg = keep(configs, {}, **meta)[0]
-        if pre_hook is not None:
-            pre_hook({**meta, **cfg.kwargs, **dict(zip(("desc_q", "desc_k", "desc_v", "desc_o"),
-                                                       args[:4]))})
-        kernel[grid_of(cfg.kwargs["BLOCK_M"])](*args, **meta, **cfg.kwargs,
-                                               num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    else:
+    if not INTERPRET and n_bucket >= AUTOTUNE_MIN_N:
         tuned[lambda m: grid_of(m["BLOCK_M"])](*args, **meta)
+        return
+    if INTERPRET:
+        blocks, options = dict(INTERPRETER_BLOCKS), {}
+    else:
+        cfg = keep(configs, {}, **meta)[0]
+        blocks, options = cfg.kwargs, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    if prepare is not None:
+        prepare(blocks)
+    kernel[grid_of(blocks["BLOCK_M"])](*args, **meta, **blocks, **options)
 
 
 def dot_precision(dtype: torch.dtype) -> str:

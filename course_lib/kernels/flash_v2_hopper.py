@@ -168,12 +168,13 @@ def forward_hopper(q, k, v, causal, sm_scale, out=None):
     H_KV, N_K = k.shape[1], k.shape[2]
     q, k, v = (tma_ready(t) for t in (q, k, v))
     o, lse = allocate_outputs(q, out)
-    # block shapes are placeholders: the pre-hook (GPU) or the line below (interpreter) sets them
+    # block shapes are placeholders: the autotuner's pre-hook or ``prepare`` below sets them
     descs = [_descriptor(t, 16) for t in (q, k, v, o)]
+    named = dict(zip(("desc_q", "desc_k", "desc_v", "desc_o"), descs), HEAD_DIM=D)
     args = (*descs, lse, sm_scale * LOG2E, H, H // H_KV, N_Q, N_K,
             triton.next_power_of_2(max(N_Q, N_K)))
     meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype)}
     launch(_flash_fwd_v2_hopper_kernel, _hopper_tuned, HOPPER_CONFIGS, keep_hopper_config,
            lambda bm: (triton.cdiv(N_Q, bm), B * H), args, meta, args[-1],
-           pre_hook=_set_block_shapes)
+           prepare=lambda blocks: _set_block_shapes({**named, **blocks}))
     return o, lse

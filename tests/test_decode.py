@@ -192,8 +192,11 @@ def test_lse_merge_kernel_on_its_own():
 
 
 def test_num_splits_heuristic():
-    assert dec.choose_num_splits(1, 8, 131072, 64, sm_count=132) * 8 >= 2 * 132
-    assert dec.choose_num_splits(64, 8, 131072, 64, sm_count=132) == 2
+    s1 = dec.choose_num_splits(1, 8, 131072, 64, sm_count=132)
+    assert s1 * 8 <= 2 * 132 < 2 * s1 * 8  # one wave: at most 2 programs per SM, at least 1
+    assert s1 & (s1 - 1) == 0  # a power of two
+    assert dec.choose_num_splits(8, 8, 131072, 64, sm_count=132) == 4
+    assert dec.choose_num_splits(64, 8, 131072, 64, sm_count=132) == 1
     assert dec.choose_num_splits(1, 8, 64, 64, sm_count=132) == 1
     for batch in (1, 2, 8, 64):
         for n in (1, 100, 4096, 131072):

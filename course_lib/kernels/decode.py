@@ -35,8 +35,9 @@ it is ``k_pages[block_table[b, n // block_size], n % block_size, g]``. A ``BLOCK
 ``BLOCK_N / block_size`` pages: the kernel gathers the physical block id of each of its rows
 (a cached load) and then loads the rows like any others.
 
-Choosing the work split (``choose_num_splits``): ``num_splits`` aims at ``PROGRAMS_PER_SM``
-programs per SM (``torch.cuda.get_device_properties().multi_processor_count``), never fewer than
+Choosing the work split (``choose_num_splits``): ``num_splits`` is the largest power of two
+that keeps the grid at or under ``PROGRAMS_PER_SM`` programs per SM
+(``torch.cuda.get_device_properties().multi_processor_count``), never fewer than
 ``MIN_TILES_PER_SPLIT`` tiles of keys per split; the interpreter uses one small config
 (``BLOCK_N`` = 16) and at most 4 splits. The launch config (BLOCK_N, num_warps, num_stages)
 comes from ``DECODE_CONFIGS`` by head dim; ``config=`` overrides it (the benchmark's
@@ -52,21 +53,20 @@ long sequences and by ``do_bench``'s L2 flush in the benchmark.
 
 Measured speed (NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22;
 N_q = 1, H = 32, H_kv = 8, D = 128, fp16; CUDA-graph replays, L2 flushed between runs; copy
-bandwidth measured in the same run; course_lib/data/decode.json):
+bandwidth 3019 GB/s measured in the same run; course_lib/data/decode.json):
 
     B   N      flash_decode        paged_decode        SDPA FLASH   SDPA cuDNN
-    1   4k     18.9 us (29% copy)  20.2 us             26.0 us      54.1 us
-    1   32k    73.6 us (60%)       70.2 us             71.4 us      368.4 us
-    1   128k   203.9 us (87%)      204.4 us (87%)      205.9 us     1446.0 us
-    8   32k    370.0 us (96%)      459.8 us (77%)      365.0 us     389.5 us
-    8   128k   1406.6 us (101%)    1776.4 us (80%)     1400.0 us    1505.4 us
+    1   4k     18.8 us (30% copy)  20.1 us             26.0 us      54.2 us
+    1   32k    65.1 us (68%)       66.6 us             71.8 us      366.0 us
+    1   128k   197.0 us (90%)      202.5 us (88%)      206.0 us     1436.4 us
+    8   32k    368.4 us (97%)      383.0 us (93%)      368.3 us     388.9 us
+    8   128k   1407.7 us (101%)    1474.1 us (97%)     1400.7 us    1509.9 us
 
-Targets: B = 1, N = 128k at 87% of the copy bandwidth (>= 85% met; the 92% goal not);
-B = 1, N = 4k at 0.35x cuDNN's latency (<= 1.2x met). paged_decode is within 10% of
-flash_decode at B = 1 and at B = 8, N = 4k, but 1.24-1.26x slower at B = 8 from 32k on: not
-met there (the page walk's scattered 4 KB rows at full occupancy). Timed eagerly instead, the
-host's Python and launch overhead dominates at N = 4k (flash 42 us): see ``ms_eager`` in the
-JSON. (Over 100% of "copy" means part of the cache came from L2.)
+Targets: B = 1, N = 128k at 90% of the copy bandwidth (>= 85% met; the 92% goal not);
+B = 1, N = 4k at 0.35x cuDNN's latency (<= 1.2x met); paged_decode within 1.02-1.07x of
+flash_decode at every shape (<= 1.1x met). Before the split count was rounded down to one wave
+of programs (``choose_num_splits``), paged_decode at B = 8 was 1.24-1.26x slower. (Over 100% of
+"copy" means part of the cache came from L2.)
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ from course_lib.kernels._validate import check_attention_inputs, check_sm_scale,
 from course_lib.reference import LOG2E
 
 MAX_SPLITS = 256
-PROGRAMS_PER_SM = 4
+PROGRAMS_PER_SM = 2
 MIN_TILES_PER_SPLIT = 2
 
 # (BLOCK_N, num_warps, num_stages) by head dim, for the GPU. A tile of K plus one of V is
@@ -281,19 +281,25 @@ def pick_config(head_dim: int) -> dict:
 def choose_num_splits(batch: int, kv_heads: int, n_keys: int, block_n: int,
                       sm_count: int | None = None, m_tiles: int = 1,
                       max_splits: int = MAX_SPLITS) -> int:
-    """How many splits of the keys: enough programs for ~PROGRAMS_PER_SM per SM, not tinier
-    than MIN_TILES_PER_SPLIT tiles of ``block_n`` keys, at most MAX_SPLITS.
+    """How many splits of the keys: the largest power of two that keeps the programs at or under
+    ``PROGRAMS_PER_SM`` per SM, never tinier than MIN_TILES_PER_SPLIT tiles of ``block_n`` keys,
+    at most ``max_splits``.
+
+    Rounding *down* keeps the grid inside one wave of programs. Measured on an H100 (H_kv 8,
+    D 128, B 8, N 32k): 9 splits (576 programs, just over what fits at once) made paged_decode
+    23% slower than 8 splits; aiming at 4 programs per SM at batch 1 (64 splits) was 2-15%
+    slower than 16 or 32 (course_lib/data/perf_notes.md).
 
     >>> choose_num_splits(1, 8, 131072, 64, sm_count=132)   # batch 1, long context
-    66
-    >>> choose_num_splits(8, 8, 131072, 64, sm_count=132)   # batch 8
-    9
-    >>> choose_num_splits(1, 8, 4096, 64, sm_count=132)     # short context: 2 tiles a split
     32
+    >>> choose_num_splits(8, 8, 131072, 64, sm_count=132)   # batch 8
+    4
+    >>> choose_num_splits(1, 8, 2048, 64, sm_count=132)     # short context: 2 tiles a split
+    16
     """
     sms = sm_count if sm_count is not None else _sm_count()
     programs = batch * kv_heads * m_tiles
-    wanted = _cdiv(PROGRAMS_PER_SM * sms, programs)
+    wanted = 1 << max(0, (PROGRAMS_PER_SM * sms // programs).bit_length() - 1)
     most = max(1, _cdiv(n_keys, MIN_TILES_PER_SPLIT * block_n))
     return int(max(1, min(wanted, most, max_splits)))
 

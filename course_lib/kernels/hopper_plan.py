@@ -368,3 +368,102 @@ __all__ = ["FP32_PER_SM_CYCLE", "MUFU_PER_SM_CYCLE", "PERF_NOTES", "autotune_buc
            "launch_config", "load_probe", "max_stages", "parse_probe_table", "plot_ceiling",
            "plot_smem_per_stage", "score_costs", "smem_bytes", "softmax_fp32_ops",
            "tma_tile_demo", "FIGURES"]
+
+
+# ---------------------------------------------------------------------------------------------
+# three ideas measured that did not pay (course_lib/data/hopper_ideas.json)
+# ---------------------------------------------------------------------------------------------
+
+HOPPER_IDEAS = Path(__file__).resolve().parent.parent / "data" / "hopper_ideas.json"
+EXP2_POLY_COEFFS = (0.9999280571937561, 0.6932609677314758, 0.2426111251115799,
+                    0.05517164617776871)  # 2^f on [-1/2, 1/2], relative error 7.5e-5
+
+
+@triton.jit
+def exp2_poly(x):
+    """2^x without the MUFU unit (FlashAttention-4's software exp2), for x <= 0.
+
+    Split x = n + f with n = round(x) (adding 1.5·2^23 rounds an fp32 to an integer, which then
+    sits in the low mantissa bits), approximate 2^f on [-1/2, 1/2] by a degree-3 polynomial
+    (three FMAs), and add n to the result's exponent field with an integer add. Nine FP32/INT
+    instructions instead of one MUFU.EX2. x is clamped at -126 (the smallest normal exponent).
+    """
+    x = tl.maximum(x, -126.0)
+    t = x + 12582912.0  # 1.5 * 2^23
+    f = x - (t - 12582912.0)
+    p = 0.05517164617776871 * f + 0.2426111251115799
+    p = p * f + 0.6932609677314758
+    p = p * f + 0.9999280571937561
+    bits = p.to(tl.int32, bitcast=True) + (t.to(tl.int32, bitcast=True) << 23)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _exp2_poly_kernel(X, Y, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + offs, mask=offs < N, other=0.0)
+    tl.store(Y + offs, exp2_poly(x), mask=offs < N)
+
+
+def exp2_poly_demo(x: torch.Tensor) -> torch.Tensor:
+    """``exp2_poly`` applied to an fp32 tensor by a small Triton kernel (interpreter or GPU)."""
+    if x.dtype != torch.float32:
+        raise TypeError(f"x must be float32, got {x.dtype}")
+    x = x.contiguous().to(DEVICE)
+    y = torch.empty_like(x)
+    n = x.numel()
+    _exp2_poly_kernel[(triton.cdiv(n, 1024),)](x, y, n, BLOCK=1024)
+    return y
+
+
+def load_ideas(path: Path = HOPPER_IDEAS) -> dict:
+    """The stored measurements of the ideas (see ``ideas_rows``)."""
+    import json
+
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+IDEAS = {
+    "software exp2 on 1/4 of the scores": dict(poly_exp2="quarter"),
+    "software exp2 on 1/2 of the scores": dict(poly_exp2="half (column halves)"),
+    "lazy rescaling (only when the max grows by 2^8)": dict(lazy_rescale=True),
+    "warp specialisation (tl.range warp_specialize)": dict(warp_specialize=True),
+    "at most 168 registers (3 programs per SM)": dict(maxnreg=168),
+}
+_PLAIN = dict(poly_exp2="none", lazy_rescale=False, warp_specialize=False, maxnreg=0)
+
+
+def ideas_rows(data: dict | None = None, D: int = 64, N: int = 4096) -> list[dict]:
+    """Per idea and causal flag: the best TFLOP/s with the idea against the best without it.
+
+    Both bests come from the same run (GPU clocks and SDPA vary a few % between runs) and are
+    taken over every config tried, so an idea that only rescues a poor config does not count.
+    """
+    data = load_ideas() if data is None else data
+    rows = []
+    fwd = [r for r in data["forward"] if r["D"] == D and r["N"] == N
+           and r["provider"].startswith("v2-")]
+
+    def label(r):
+        return (f"{r['provider'][3:]} {r['BLOCK_M']}x{r['BLOCK_N']} w{r['warps']} "
+                f"s{r['stages']}")
+
+    for idea, change in IDEAS.items():
+        for causal in (False, True):
+            tried = [r for r in fwd if r["causal"] == causal
+                     and all(r.get(k) == v for k, v in change.items())
+                     and all(r.get(k) == v for k, v in _PLAIN.items() if k not in change)]
+            ok = [r for r in tried if "tflops" in r]
+            failed = len(tried) - len(ok)
+            row = {"idea": idea, "causal": causal, "tried": len(tried), "failed": failed}
+            if not ok:
+                rows.append({**row, "best without": None, "best with": None, "ratio": None})
+                continue
+            best = max(ok, key=lambda r: r["tflops"])
+            plain = [r for r in fwd if r["causal"] == causal and r["run"] == best["run"]
+                     and "tflops" in r and all(r.get(k, v) == v for k, v in _PLAIN.items())]
+            base = max(plain, key=lambda r: r["tflops"])
+            rows.append({**row, "best without": f"{base['tflops']:.0f} ({label(base)})",
+                         "best with": f"{best['tflops']:.0f} ({label(best)})",
+                         "ratio": best["tflops"] / base["tflops"]})
+    return rows

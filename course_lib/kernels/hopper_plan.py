@@ -89,6 +89,7 @@ def plot_smem_per_stage(head_dims=(64, 128, 256), gpu: str = "H100-SXM"):
     """Stacked bars: the Q tile and each stage's K + V tiles of every Hopper config, per head
     dim, against the shared memory one block may use; configs the filter drops are hatched."""
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     rows = config_rows(head_dims=head_dims, gpu=gpu)
@@ -105,15 +106,15 @@ def plot_smem_per_stage(head_dims=(64, 128, 256), gpu: str = "H100-SXM"):
                        color=("tab:blue", "tab:cyan")[s % 2], hatch=hatch, edgecolor="white")
             ax.text(x, r["total_kib"] + 4, f"{r['total_kib']:.0f}", ha="center", fontsize=8)
         ax.axhline(sub[0]["budget_kib"], color="crimson", ls="--", lw=1)
-        ax.text(len(sub) - 0.5, sub[0]["budget_kib"] + 4,
-                f"{sub[0]['budget_kib']:.0f} KiB per block", color="crimson", ha="right",
-                fontsize=8)
         ax.set_xticks(range(len(sub)), [r["config"] for r in sub], rotation=35, ha="right",
                       fontsize=8)
         ax.set_title(f"HEAD_DIM = {d}")
         ax.set_ylim(0, max(top, sub[0]["budget_kib"]) * 1.12)
     axes[0].set_ylabel("shared memory per program (KiB), fp16")
-    axes[0].legend(handles=[Patch(color="tab:purple", label="Q tile"),
+    budget = rows[0]["budget_kib"]
+    axes[0].legend(handles=[Line2D([], [], color="crimson", ls="--", lw=1,
+                                   label=f"{budget:.0f} KiB: one block's limit"),
+                            Patch(color="tab:purple", label="Q tile"),
                             Patch(color="tab:blue", label="one stage: K + V tiles"),
                             Patch(facecolor="white", edgecolor="gray", hatch="//",
                                   label="dropped by keep_hopper_config")],

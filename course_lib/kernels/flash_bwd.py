@@ -67,7 +67,12 @@ import triton
 import triton.language as tl
 
 from course_lib._device import INTERPRET, refuse_bf16_in_interpreter
-from course_lib.kernels.flash_v2 import AUTOTUNE_MIN_N, _flash_attn_v2_forward, dot_precision
+from course_lib.kernels.flash_v2 import (
+    AUTOTUNE_MIN_N,
+    _flash_attn_v2_forward,
+    _q_block_program,
+    dot_precision,
+)
 from course_lib.reference import LOG2E
 
 
@@ -244,13 +249,7 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE2, Delta, DQ,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    MASK_BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                    DOT_PRECISION: tl.constexpr):
-    pid_m = tl.program_id(0)
-    if CAUSAL:  # the longest rows first: better balance at the tail of the grid
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    hk = h // (H // H_KV)
+    pid_m, pid_bh, b, h, hk = _q_block_program(H, H // H_KV, CAUSAL)
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)

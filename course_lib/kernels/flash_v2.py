@@ -122,6 +122,23 @@ def _epilogue(acc, m_i, l_i):
 
 
 @triton.jit
+def _q_block_program(H, GROUP, CAUSAL: tl.constexpr):
+    """Which Q block and head this program owns: (pid_m, pid_bh, b, h, h_kv).
+
+    Q blocks vary fastest (axis 0): a head's K/V stays hot in L2. The heads of a GQA group are
+    neighbours on axis 1. Causal grids run the longest rows first, for better load balance at
+    the tail of the grid. Shared by the forward kernels and the backward's dQ kernel.
+    """
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    b = pid_bh // H
+    h = pid_bh % H
+    return pid_m, pid_bh, b, h, h // GROUP
+
+
+@triton.jit
 def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
                lo, hi, N_K, q_offset, qk_scale,
                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
@@ -160,13 +177,7 @@ def _flash_fwd_v2_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)  # Q blocks vary fastest: a head's K/V stays hot in L2
-    pid_bh = tl.program_id(1)  # the heads of a GQA group are neighbours on this axis
-    if CAUSAL:  # longest rows first: better load balance at the tail of the grid
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    b = pid_bh // H
-    h = pid_bh % H
-    h_kv = h // GROUP
+    pid_m, pid_bh, b, h, h_kv = _q_block_program(H, GROUP, CAUSAL)
     start_m = pid_m * BLOCK_M
 
     offs_m = start_m + tl.arange(0, BLOCK_M)

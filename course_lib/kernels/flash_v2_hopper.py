@@ -39,6 +39,7 @@ from course_lib.kernels.flash_v2 import (
     _causal_bounds,
     _epilogue,
     _online_softmax_step,
+    _q_block_program,
     allocate_outputs,
     dot_precision,
     launch,
@@ -71,13 +72,7 @@ def _flash_fwd_v2_hopper_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)  # Q blocks vary fastest: a head's K/V stays hot in L2
-    pid_bh = tl.program_id(1)  # the heads of a GQA group are neighbours on this axis
-    if CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    b = pid_bh // H
-    h = pid_bh % H
-    h_kv = h // GROUP
+    pid_m, pid_bh, b, h, h_kv = _q_block_program(H, GROUP, CAUSAL)
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
 
@@ -139,10 +134,11 @@ def keep_hopper_config(configs, named_args, **kwargs):
     """
     d = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
     wanted = _HOPPER_KEEP[64 if d <= 64 else 128 if d <= 128 else 256]
-    kept = [c for c in configs
-            if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in wanted]
-    kept.sort(key=lambda c: wanted.index((c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"],
-                                          c.num_warps, c.num_stages)))
+
+    def shape(c):
+        return (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+
+    kept = sorted((c for c in configs if shape(c) in wanted), key=lambda c: wanted.index(shape(c)))
     return kept or configs[-1:]
 
 

@@ -205,7 +205,7 @@ def program_order(B: int, H: int, H_kv: int, N_q: int, BLOCK_M: int, causal: boo
                   order: str = "q_blocks_fastest") -> list[tuple[int, int, int, int]]:
     """(b, h, h_kv, pid_m) of every program, in launch order (grid axis 0 varies fastest).
 
-    Mirrors the first lines of ``_flash_fwd_v2_kernel``: b = pid_bh // H, h = pid_bh % H,
+    Mirrors ``flash_v2._q_block_program`` (all Q-block kernels): b = pid_bh // H, h = pid_bh % H,
     h_kv = h // (H / H_kv), and with ``causal`` the Q block index is reversed (longest rows
     first). The GPU hands out programs in this order in practice (CUDA does not promise it).
     ``order="heads_fastest"`` gives the order of the kernel's first version.

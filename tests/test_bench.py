@@ -5,6 +5,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from course_lib.bench import attention as ab
+from course_lib.bench import common
 from course_lib.bench import hbm
 from course_lib.bench.__main__ import main as bench_main
 from course_lib.bench.plots import FIGURES, plot_attention, plot_hbm
@@ -183,14 +184,35 @@ def test_figures_registry():
 
 # ----------------------------------------------------------------------------- on a GPU
 
+def test_rounds_interleave_providers_and_keep_the_median():
+    calls = []
+    times = {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 4.0, 6.0])}
+
+    def measure(name, shape):
+        calls.append(name)
+        if name == "c":
+            raise RuntimeError("refused")
+        return {"ms": next(times[name]), "max_err": 0.5}
+
+    out = common.sweep([{"N": 1}], ["a", "b", "c"], measure, lambda shape, rec: None, "t",
+                       str, progress=False, rounds=3)
+    assert calls == ["a", "b", "c", "a", "b", "a", "b"]  # a failing provider is not retried
+    res = out[0][1]
+    assert res["a"] == {"ms": 2.0, "ms_rounds": [3.0, 1.0, 2.0], "max_err": 0.5, "error": None}
+    assert res["b"]["ms"] == 5.0 and res["c"]["ms"] is None and "refused" in res["c"]["error"]
+    with pytest.raises(ValueError, match="rounds"):
+        common.sweep([], ["a"], measure, lambda s, r: None, "t", str, progress=False, rounds=0)
+
+
 TINY = ["--seq-lens", "256,512", "--tokens", "2048", "--heads-dims", "64", "--warmup-ms", "5",
         "--rep-ms", "20"]
 
 
 @pytest.mark.gpu
 def test_gpu_tiny_forward_sweep(tmp_path, capsys):
-    assert ab.main([*TINY, "--out", str(tmp_path)]) == 0
+    assert ab.main([*TINY, "--rounds", "2", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "attention_fwd.json").read_text())
+    assert result["rounds"] == 2
     assert (tmp_path / "attention_fwd.png").exists()
     for row in result["rows"]:
         for name in ("v1", "sdpa-FLASH_ATTENTION", *[p for p in result["providers"]

@@ -215,10 +215,10 @@ def test_shared_memory_per_stage():
     for r in rows:
         assert not r["kept"] or r["fits"], r  # the filter never keeps what cannot fit
     kept256 = [r["config"] for r in rows if r["D"] == 256 and r["kept"]]
-    assert kept256 == ["64x64 w4 s2"]
+    assert kept256 == ["64x64 w4 s2 Q smem"]
     assert all(r["fits"] for r in rows if r["D"] == 64)  # everything fits at D 64 ...
     kept64 = [r["config"] for r in rows if r["D"] == 64 and r["kept"]]
-    assert kept64 == ["128x64 w4 s3", "128x64 w8 s3", "128x64 w4 s4", "64x64 w4 s3"]  # measured
+    assert kept64 == ["128x64 w4 s3", "64x64 w4 s3"]  # measured
 
 
 def test_ceiling_model():
@@ -303,3 +303,48 @@ def test_exercise_solutions_pass_and_stubs_do_not_crash(capsys):
     # a step that divides by l every time passes step by step only if it matches the spec
     assert not ex.check_online_softmax_step(
         lambda qk, m, l, acc, v, s: ex.online_softmax_step_solution(qk, m, l, acc, v, s * 0.9))
+
+
+# ----------------------------------------------------------------------------- Q in registers
+
+def test_q_in_regs_configs_labels_and_smem():
+    kept64 = [hp.config_label(c) for c in hop.keep_hopper_config(hop.HOPPER_CONFIGS,
+                                                                   {"HEAD_DIM": 64})]
+    assert kept64[0] == "128x64 w4 s3" and not any(lbl.endswith("Q smem") for lbl in kept64)
+    kept256 = hop.keep_hopper_config(hop.HOPPER_CONFIGS, {"HEAD_DIM": 256})
+    assert [hp.config_label(c) for c in kept256] == ["64x64 w4 s2 Q smem"]
+    # Q in registers frees the Q tile's buffer: 128 x 128 with 3 stages fits easily at D 128
+    assert hp.smem_bytes(128, 128, 128, 3, q_in_regs=True)["total"] == 192 * 1024
+    assert hp.smem_bytes(128, 128, 128, 3)["total"] == 224 * 1024
+
+
+@pytest.mark.parametrize("q_in_regs", [False, True])
+def test_hopper_kernel_with_q_in_registers_or_not(q_in_regs):
+    q = fresh_randn(1, 2, 45, 64, dtype=torch.float16)
+    k, v = (fresh_randn(1, 2, 70, 64, dtype=torch.float16) for _ in range(2))
+    cfg = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16, "Q_IN_REGS": q_in_regs}, num_warps=4,
+                        num_stages=2)
+    o, lse, _ = hp.launch_config("hopper", q, k, v, True, cfg)
+    assert_close_2x(o, attention(q, k, v, causal=True),
+                    attention_same_precision(q, k, v, causal=True), name=f"regs={q_in_regs}")
+
+
+def test_bench_hopper_pairs_configs_and_reports_gains():
+    from course_lib.bench import hopper as bh
+
+    speed = {"sdpa-FLASH_ATTENTION": 1.0, "sdpa-CUDNN_ATTENTION": 1.5}
+    calls = []
+
+    def measure(name, shape):
+        calls.append(name)
+        return {"ms": 1.0 / speed.get(name, 1.1 if name.endswith("Q smem") else 1.4)}
+
+    result = bh.run(bh.shapes(head_dims=(64,), seq_lens=(4096,), causal=(True,)), measure,
+                    rounds=2, progress=False)
+    names = bh.providers(64)
+    assert calls == names + names  # interleaved: every provider, then every provider again
+    rows = bh.gain_rows(result)
+    assert [r["config"] for r in rows] == ["128x64 w4 s3", "128x64 w4 s4", "64x64 w4 s3"]
+    assert all(r["regs/smem"] == pytest.approx(1.4 / 1.1) and r["regs/FA2"] == pytest.approx(1.4)
+               for r in rows)
+    assert "regs/smem" in bh.report(result)

@@ -5,6 +5,7 @@ import contextlib
 import datetime as _dt
 import json
 import platform
+import statistics
 from pathlib import Path
 
 import torch
@@ -107,34 +108,56 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"[:300]
 
 
-def sweep(shape_list, providers, measure, derive, desc: str, label, progress: bool = True):
+def sweep(shape_list, providers, measure, derive, desc: str, label, progress: bool = True,
+          rounds: int = 1):
     """``measure(provider, shape) -> dict`` for every shape and provider, with a progress bar.
 
     A provider that raises is recorded as ``{"ms": None, "error": ...}`` and the sweep goes on
-    (a refusing backend is a result). ``derive(shape, rec)`` adds the subject's own fields to
-    each record; ``label(shape)`` names the shape on the bar. Returns ``[(shape, {provider:
-    record})]`` in order.
+    (a refusing backend is a result). With ``rounds`` > 1 every provider of a shape is measured
+    again in turn, round after round (A B C, A B C, ...), and its ``ms`` is the median over the
+    rounds (all of them in ``ms_rounds``): a GPU's clock and power state drift by several per
+    cent within seconds, and interleaving spreads that drift over every provider alike.
+    ``derive(shape, rec)`` adds the subject's own fields to each record; ``label(shape)`` names
+    the shape on the bar. Returns ``[(shape, {provider: record})]`` in order.
     """
     from tqdm.auto import tqdm
 
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
     out = []
-    bar = tqdm(total=len(shape_list) * len(providers), disable=not progress, unit="run",
-               desc=desc)
+    bar = tqdm(total=len(shape_list) * len(providers) * rounds, disable=not progress,
+               unit="run", desc=desc)
     for shape in shape_list:
+        runs = {name: [] for name in providers}
+        for _ in range(rounds):
+            for name in providers:
+                bar.set_postfix_str(f"{label(shape)} {name}")
+                if runs[name] and runs[name][-1].get("ms") is None:
+                    bar.update()  # failed or skipped once: not tried again
+                    continue
+                try:
+                    rec = dict(measure(name, shape))
+                except Exception as exc:
+                    rec = {"ms": None, "error": describe_error(exc)}
+                rec.setdefault("error", None)
+                runs[name].append(rec)
+                bar.update()
         results = {}
-        for name in providers:
-            bar.set_postfix_str(f"{label(shape)} {name}")
-            try:
-                rec = dict(measure(name, shape))
-            except Exception as exc:
-                rec = {"ms": None, "error": describe_error(exc)}
-            rec.setdefault("error", None)
+        for name, recs in runs.items():
+            rec = _merge_rounds(recs)
             derive(shape, rec)
             results[name] = rec
-            bar.update()
         out.append((shape, results))
     bar.close()
     return out
+
+
+def _merge_rounds(recs: list[dict]) -> dict:
+    """One record from a provider's rounds: the last failure if any, else the median time."""
+    if len(recs) == 1 or recs[-1].get("ms") is None:
+        return recs[-1]
+    times = [r["ms"] for r in recs]
+    return {**recs[0], "ms": statistics.median(times), "ms_rounds": times}
 
 
 def format_table(rows: list[dict], columns: list[str], floatfmt: str = "{:.1f}") -> str:

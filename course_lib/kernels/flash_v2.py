@@ -35,25 +35,26 @@ Versions (side by side, llm.c style), each its own kernel:
   * ``hopper`` (flash_v2_hopper.py): TMA tensor descriptors and a pipelining depth autotuned for
     sm_90; chosen automatically on Hopper.
 
-Measured speed (NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22, second
-sweep; fp16 forward, B·N = 32k, H·D = 2048,
+Measured speed (NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22, third
+sweep, every provider timed in 3 interleaved rounds, median; fp16 forward, B·N = 32k, H·D = 2048,
 FLOPs = 4·B·H·N²·D, half for causal; course_lib/data/attention_fwd.json), TFLOP/s:
 
     D   causal      N   portable   hopper   SDPA FLASH   SDPA cuDNN   best / FLASH
-    64  no       4096      403.9    439.7        306.8        446.0           1.43
-    64  no      16384      410.8    414.5        316.0        445.3           1.31
-    64  yes      4096      365.9    370.3        281.7        440.5           1.31
-    64  yes     16384      379.7    390.2        304.0        433.0           1.28
-   128  no       4096      460.4    489.5        333.8        604.2           1.47
-   128  no      16384      481.6    492.3        349.9        613.2           1.41
-   128  yes      4096      406.2    412.7        305.8        513.9           1.35
-   128  yes     16384      443.7    455.7        336.9        590.5           1.35
+    64  no       4096      402.3    419.5        306.5        431.1           1.37
+    64  no      16384      421.5    443.6        310.9        408.8           1.43
+    64  yes      4096      354.1    366.7        285.3        396.2           1.29
+    64  yes     16384      380.0    391.6        306.7        441.2           1.28
+   128  no       4096      448.6    480.5        339.9        567.2           1.41
+   128  no      16384      471.3    496.7        346.9        581.9           1.43
+   128  yes      4096      410.0    417.2        308.8        507.2           1.35
+   128  yes     16384      439.0    493.5        331.7        535.7           1.49
 
-Target >= 1.4x SDPA FLASH at N >= 4k: met at D 128 non-causal, not at D 128 causal (1.35) nor at
-most D 64 shapes (1.28-1.43). Between runs of the same session the same kernel and config moved by
-up to 5% and SDPA FLASH by up to 10% (causal D 128 N 4k: 267 to 306), so ratios near 1.4 flip.
-Tried and measured slower (course_lib/data/hopper_ideas.json): a software exp2 on the FMA units,
-lazy rescaling, Triton 3.6's warp specialisation, a register cap.
+Target >= 1.4x SDPA FLASH at N >= 4k: met at D 128 non-causal (1.40-1.43) and at D 128 causal
+from N 8k (1.40, 1.49; 1.35 at 4k); at D 64 non-causal from N 8k at the edge (1.37-1.43); not at
+D 64 causal (1.28-1.30). Single runs of one config vary by up to 5% and SDPA FLASH by up to 10%,
+hence the interleaved rounds. Tried and measured slower (course_lib/data/hopper_ideas.json): a
+software exp2 on the FMA units, lazy rescaling, Triton 3.6's warp specialisation, a register cap,
+the next block's QK^T issued before the softmax.
 
 DRAM traffic at the FlashAttention paper's Figure 2 shape (B 64, H 16, N 1024, d 64): 0.533 GB,
 0.985x the minimum of reading Q, K, V and writing O and lse once (Nsight Compute).
@@ -321,8 +322,8 @@ def best_impl(q: torch.Tensor, k: torch.Tensor | None = None,
               v: torch.Tensor | None = None) -> str:
     """The implementation ``impl=None`` picks, from the measured sweeps on an H100.
 
-    TMA pays at HEAD_DIM 128 (517 vs 460 TFLOP/s at N = 4k) and, with 64-wide key tiles, at
-    HEAD_DIM 64 (causal N 4k: 378 vs 363; non-causal: 420 vs 415). Smaller head dims were not
+    TMA pays at HEAD_DIM 128 (481 vs 449 TFLOP/s at N = 4k) and, with 64-wide key tiles and Q
+    in registers, at HEAD_DIM 64 (N 4k: 420 vs 402; causal: 367 vs 354). Smaller head dims were not
     measured and keep the portable kernel (course_lib/data/perf_notes.md).
     """
     if DEVICE == "cuda" and "hopper" in IMPLS and q.shape[-1] >= 64:

@@ -15,17 +15,23 @@ changes is how tiles reach shared memory and how deep the pipeline runs:
    HEAD_DIM 128. The depth is autotuned per head dim together with the tile shape and warps.
 3. **wgmma.** On sm_90 Triton lowers ``tl.dot`` of shared-memory tiles to warp-group MMA
    (HGMMA in the SASS), which is what makes the larger 128 x 128 tiles pay.
+4. **Q in registers** (``Q_IN_REGS``). wgmma reads B from shared memory and A from shared memory
+   or registers. Fed straight from its TMA load, Q would be read from shared memory by every
+   QK^T, next to K. Passed through registers once (multiplied by a run-time 1.0, which is exact),
+   it stays there for the whole loop: QK^T then reads only K from shared memory, and Q's buffer
+   is freed for the K/V stages (D 64, 128x64 s3: 48.1 instead of 65.0 KiB).
 
 Strided inputs work as long as the last dim is contiguous and the other strides are multiples
 of 16 bytes (TMA's rule); otherwise ``flash_attn_v2`` falls back to the portable kernel.
 The kernel also runs in Triton's interpreter (descriptors are emulated), so CPU tests cover it.
 
 Measured speed (NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22;
-fp16 forward; course_lib/data/attention_fwd.json), TFLOP/s, portable -> hopper:
-D 128 non-causal N 4k 460 -> 490, N 16k 482 -> 492; causal N 16k 444 -> 456. At D 64 TMA pays
-only with 64-wide key tiles (fixed configs, N 4k, causal: 363 -> 378; the first sweep, with
-128-wide tiles among the candidates, found 408 -> 367), so the filter keeps those there and
-``flash_attn_v2`` picks this kernel from D 64 up.
+fp16 forward; course_lib/data/attention_fwd.json, 3 interleaved rounds), TFLOP/s, portable ->
+hopper: D 64 non-causal N 4k 402 -> 420, N 16k 422 -> 444; causal N 16k 380 -> 392; D 128
+non-causal N 4k 449 -> 481, N 16k 471 -> 497; causal N 16k 439 -> 494.
+Q in registers, same fixed config with and without (course_lib/data/hopper_q_in_regs.json, 5
+interleaved rounds): x1.02-1.10 at D 64, x0.97-1.05 at D 128. At D 64 TMA pays only with 64-wide
+key tiles, so the filter keeps those there and ``flash_attn_v2`` picks this kernel from D 64 up.
 """
 from __future__ import annotations
 
@@ -68,15 +74,20 @@ def _fwd_inner_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m, lo, hi, N_
 @triton.jit
 def _flash_fwd_v2_hopper_kernel(
     desc_q, desc_k, desc_v, desc_o, LSE,
-    qk_scale, H, GROUP, N_Q, N_K, N_BUCKET,
+    qk_scale, one, H, GROUP, N_Q, N_K, N_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, Q_IN_REGS: tl.constexpr = True,
 ):
     pid_m, pid_bh, b, h, h_kv = _q_block_program(H, GROUP, CAUSAL)
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
 
     q = desc_q.load([b, h, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)  # rows past N_Q are zeros
+    if Q_IN_REGS:
+        # q · 1.0 is exact, but the compiler cannot fold a run-time 1.0 away: q becomes a value
+        # computed in registers, and wgmma takes it from there (the "RS" form). Each QK^T
+        # wgmma then reads only K from shared memory, and Q's 128 x D tile frees its buffer.
+        q = (q * one).to(desc_q.dtype)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -104,23 +115,26 @@ def _set_block_shapes(nargs):
     nargs["desc_v"].block_shape = [1, 1, bn, d]
 
 
-def _cfg(bm, bn, warps, stages):
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages,
-                         pre_hook=_set_block_shapes)
+def _cfg(bm, bn, warps, stages, q_in_regs=True):
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "Q_IN_REGS": q_in_regs},
+                         num_warps=warps, num_stages=stages, pre_hook=_set_block_shapes)
 
 
 HOPPER_CONFIGS = [
-    _cfg(128, 128, 8, 2), _cfg(128, 128, 8, 3), _cfg(128, 64, 4, 3), _cfg(128, 64, 8, 4),
-    _cfg(128, 64, 8, 3), _cfg(128, 64, 4, 4), _cfg(64, 64, 4, 3), _cfg(64, 64, 4, 2),
+    _cfg(128, 128, 8, 3), _cfg(128, 128, 8, 3, False), _cfg(128, 128, 8, 2),
+    _cfg(128, 128, 8, 2, False), _cfg(128, 64, 4, 3), _cfg(128, 64, 4, 3, False),
+    _cfg(128, 64, 4, 4), _cfg(64, 64, 4, 3), _cfg(64, 64, 4, 2, False),
 ]
-# Which configs each head dim tries, by (BLOCK_M, BLOCK_N, warps, stages). The first is the
-# fixed config of short sequences. Measured on an H100 at D 64 (N 4k, TFLOP/s non-causal /
-# causal): 128x64 w4 s3 420 / 378, 128x64 w8 s3 422 / 379, 64x64 w4 s3 404 / 391, while the
-# 128-wide key tiles lose (128x128 w8 s2: 313 / 271).
+# Which configs each head dim tries, by (BLOCK_M, BLOCK_N, warps, stages, Q_IN_REGS); the first
+# is the fixed config of short sequences. Few candidates on purpose: the autotuner times each
+# once, and runs of one config vary by up to 5%, so a long list often crowns a lucky one.
+# Measured on an H100, fixed configs, 5 interleaved rounds (course_lib/data/hopper_q_in_regs.json):
+# Q in registers gains 2-10% at D 64 and nothing at D 128 (0.97-1.05), where 3 stages beat 2
+# (causal N 16k: 488 against 448 TFLOP/s). 128-wide key tiles lose at D 64 (309 against 423).
 _HOPPER_KEEP = {
-    64: [(128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 4), (64, 64, 4, 3)],
-    128: [(128, 128, 8, 2), (128, 128, 8, 3), (128, 64, 4, 3), (128, 64, 8, 4)],
-    256: [(64, 64, 4, 2)],
+    64: [(128, 64, 4, 3, True), (64, 64, 4, 3, True)],
+    128: [(128, 128, 8, 3, True), (128, 128, 8, 2, True)],
+    256: [(64, 64, 4, 2, False)],
 }
 
 
@@ -136,7 +150,8 @@ def keep_hopper_config(configs, named_args, **kwargs):
     wanted = _HOPPER_KEEP[64 if d <= 64 else 128 if d <= 128 else 256]
 
     def shape(c):
-        return (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+        return (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages,
+                c.kwargs["Q_IN_REGS"])
 
     kept = sorted((c for c in configs if shape(c) in wanted), key=lambda c: wanted.index(shape(c)))
     return kept or configs[-1:]
@@ -178,7 +193,7 @@ def forward_hopper(q, k, v, causal, sm_scale, out=None):
     # block shapes are placeholders: the autotuner's pre-hook or ``prepare`` below sets them
     descs = [_descriptor(t, 16) for t in (q, k, v, o)]
     named = dict(zip(("desc_q", "desc_k", "desc_v", "desc_o"), descs), HEAD_DIM=D)
-    args = (*descs, lse, sm_scale * LOG2E, H, H // H_KV, N_Q, N_K,
+    args = (*descs, lse, sm_scale * LOG2E, 1.0, H, H // H_KV, N_Q, N_K,
             triton.next_power_of_2(max(N_Q, N_K)))
     meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype)}
     launch(_flash_fwd_v2_hopper_kernel, _hopper_tuned, HOPPER_CONFIGS, keep_hopper_config,

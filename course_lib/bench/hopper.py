@@ -1,0 +1,174 @@
+"""python -m course_lib.bench hopper: what holding Q in registers buys the Hopper kernel.
+
+Introduced in notebooks/09_hopper.ipynb, section 3. ``flash_v2_hopper`` can feed the QKᵀ
+``wgmma`` its A operand (Q) from shared memory or from registers (``Q_IN_REGS``). This command
+times each pair of otherwise identical fixed configs, with SDPA's FLASH_ATTENTION and
+CUDNN_ATTENTION backends, at the FlashAttention-2 paper's shapes (B·N = 32k, H·D = 2048, fp16).
+Every provider of a shape is timed in turn, ``--rounds`` times over (A B C, A B C, ...), and
+keeps its median: the GPU's clock drifts by several per cent within seconds, and interleaving
+spreads the drift over every provider alike. Each config's output is first checked against
+SDPA FLASH_ATTENTION's.
+
+    python -m course_lib.bench hopper [--rounds 5] [--seq-lens 4096,16384] [--out DIR]
+
+Writes ``hopper_q_in_regs.json`` (default: course_lib/data).
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from course_lib.bench.common import (
+    DATA_DIR,
+    format_table,
+    median_ms,
+    require_gpu,
+    save_result,
+    sdpa_backend,
+    sweep,
+)
+
+NAME = "hopper_q_in_regs"
+# (BLOCK_M, BLOCK_N, warps, stages) per head dim: each is timed with Q in registers and without
+PAIRS = {64: [(128, 64, 4, 3), (128, 64, 4, 4), (64, 64, 4, 3)],
+         128: [(128, 128, 8, 2), (128, 128, 8, 3)]}
+SDPA = ("sdpa-FLASH_ATTENTION", "sdpa-CUDNN_ATTENTION")
+
+
+def config(shape4: tuple, q_in_regs: bool):
+    """The ``triton.Config`` of a (BLOCK_M, BLOCK_N, warps, stages) tuple."""
+    from course_lib.kernels.flash_v2_hopper import _cfg
+
+    return _cfg(*shape4, q_in_regs)
+
+
+def providers(D: int) -> list[str]:
+    """Provider names of one head dim: the SDPA backends, then each config in both forms."""
+    from course_lib.kernels.hopper_plan import config_label
+
+    return [*SDPA, *(config_label(config(c, regs)) for c in PAIRS[D] for regs in (False, True))]
+
+
+def shapes(head_dims=(64, 128), seq_lens=(4096, 16384), causal=(False, True),
+           tokens: int = 32768, hidden: int = 2048) -> list[dict]:
+    return [{"B": tokens // n, "H": hidden // d, "N": n, "D": d, "causal": c}
+            for d in head_dims for c in causal for n in seq_lens]
+
+
+def gain_rows(result: dict) -> list[dict]:
+    """Per shape and config: TFLOP/s with Q in shared memory, in registers, and their ratio."""
+    rows = []
+    for row in result["rows"]:
+        res = row["results"]
+        fa2 = res["sdpa-FLASH_ATTENTION"]["tflops"]
+        for name, rec in res.items():
+            if not name.endswith(" Q smem"):
+                continue
+            regs = res[name[: -len(" Q smem")]]
+            gain = (regs["tflops"] / rec["tflops"]
+                    if regs.get("tflops") and rec.get("tflops") else None)
+            rows.append({"D": row["D"], "causal": row["causal"], "N": row["N"],
+                         "config": name[: -len(" Q smem")], "Q smem": rec.get("tflops"),
+                         "Q regs": regs.get("tflops"), "regs/smem": gain,
+                         "regs/FA2": regs["tflops"] / fa2 if regs.get("tflops") and fa2 else None})
+    return rows
+
+
+def run(shape_list: list[dict], measure, rounds: int = 5, progress: bool = True) -> dict:
+    """Sweep every shape with its head dim's providers; ``measure(name, shape) -> {"ms": ...}``."""
+    rows = []
+    for D in sorted({s["D"] for s in shape_list}):
+        names = providers(D)
+
+        def derive(shape, rec):
+            flops = 4 * shape["B"] * shape["H"] * shape["N"] ** 2 * shape["D"]
+            flops *= 0.5 if shape["causal"] else 1.0
+            rec["tflops"] = flops / rec["ms"] / 1e9 if rec.get("ms") else None
+
+        out = sweep([s for s in shape_list if s["D"] == D], names, measure, derive,
+                    f"hopper D={D}", lambda s: f"N={s['N']} causal={s['causal']}", progress,
+                    rounds)
+        rows += [{**shape, "results": res} for shape, res in out]
+    return {"subject": "hopper Q in registers", "rounds": rounds, "dtype": "fp16",
+            "pairs": {str(d): [list(c) for c in cs] for d, cs in PAIRS.items()}, "rows": rows}
+
+
+class GPUMeasure:
+    """Inputs once per shape; a config is checked against SDPA FLASH once, then timed."""
+
+    def __init__(self, warmup_ms: float = 25, rep_ms: float = 100):
+        self.warmup_ms, self.rep_ms = warmup_ms, rep_ms
+        self._key = self._inputs = self._ref = None
+        self._checked = set()
+
+    def _prepare(self, shape):
+        import torch
+
+        key = tuple(sorted(shape.items()))
+        if key != self._key:
+            self._key = self._inputs = self._ref = None
+            torch.cuda.empty_cache()
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            self._inputs = tuple(torch.randn(shape["B"], shape["H"], shape["N"], shape["D"],
+                                             device="cuda", dtype=torch.float16, generator=gen)
+                                 for _ in range(3))
+            self._key, self._checked = key, set()
+        return self._inputs
+
+    def __call__(self, name: str, shape: dict) -> dict:
+        import torch
+        import torch.nn.functional as F
+
+        from course_lib.kernels.hopper_plan import config_label, launch_config
+
+        q, k, v = self._prepare(shape)
+        causal = shape["causal"]
+        if name in SDPA:
+            def step():
+                with sdpa_backend(name[5:]):
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        else:
+            cfg = next(config(c, r) for c in PAIRS[shape["D"]] for r in (False, True)
+                       if config_label(config(c, r)) == name)
+
+            def step():
+                return launch_config("hopper", q, k, v, causal, cfg)[0]
+        if name not in self._checked:
+            if self._ref is None:
+                with sdpa_backend("FLASH_ATTENTION"):
+                    self._ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            err = (step().float() - self._ref.float()).abs().max().item()
+            if not err <= 4e-3:  # fp16 outputs of two correct kernels differ by a few ulps
+                raise AssertionError(f"{name}: max difference {err:.1e} from SDPA FLASH")
+            self._checked.add(name)
+            torch.cuda.synchronize()
+        return {"ms": median_ms(step, warmup_ms=self.warmup_ms, rep_ms=self.rep_ms)}
+
+
+def report(result: dict) -> str:
+    env = result.get("environment", {})
+    head = (f"{env.get('gpu', '?')}, torch {env.get('torch', '?')}, triton "
+            f"{env.get('triton', '?')}; median of {result['rounds']} interleaved rounds, TFLOP/s")
+    return head + "\n" + format_table(gain_rows(result), ["D", "causal", "N", "config", "Q smem",
+                                                          "Q regs", "regs/smem", "regs/FA2"],
+                                      floatfmt="{:.2f}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m course_lib.bench hopper",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seq-lens", default="4096,16384")
+    ap.add_argument("--head-dims", default="64,128")
+    ap.add_argument("--out", type=Path, default=DATA_DIR)
+    args = ap.parse_args(argv)
+    require_gpu("python -m course_lib.bench hopper")
+    shape_list = shapes([int(d) for d in args.head_dims.split(",")],
+                        [int(n) for n in args.seq_lens.split(",")])
+    result = run(shape_list, GPUMeasure(), rounds=args.rounds)
+    path = save_result(NAME, result, args.out)
+    import json
+
+    print(f"wrote {path}")
+    print(report(json.loads(path.read_text())))
+    return 0

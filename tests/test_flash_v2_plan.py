@@ -259,10 +259,11 @@ def test_probe_one_parses():
 
 
 @pytest.mark.parametrize("impl", ["portable", "hopper"])
-def test_launch_config_runs_one_fixed_config(impl):
+@pytest.mark.parametrize("extra", [{}, {"Q_IN_REGS": True}])  # a Hopper config runs both kernels
+def test_launch_config_runs_one_fixed_config(impl, extra):
     q = fresh_randn(1, 2, 70, 64, dtype=torch.float16)
     k, v = (fresh_randn(1, 1, 90, 64, dtype=torch.float16) for _ in range(2))
-    cfg = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16}, num_warps=4, num_stages=2)
+    cfg = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16, **extra}, num_warps=4, num_stages=2)
     o, lse, _ = hp.launch_config(impl, q, k, v, True, cfg)
     assert_close_2x(o, attention(q, k, v, causal=True),
                     attention_same_precision(q, k, v, causal=True), name=impl)

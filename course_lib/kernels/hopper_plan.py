@@ -336,8 +336,11 @@ def launch_config(impl: str, q, k, v, causal: bool, config, sm_scale: float | No
     H_KV, N_K = k.shape[1], k.shape[2]
     sm_scale = D ** -0.5 if sm_scale is None else sm_scale
     o, lse = v2.allocate_outputs(q)
+    blocks = dict(config.kwargs)
+    if impl == "portable":  # a Hopper config's Q_IN_REGS means nothing to the portable kernel
+        blocks.pop("Q_IN_REGS", None)
     meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": v2.dot_precision(q.dtype),
-            **config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+            **blocks, "num_warps": config.num_warps, "num_stages": config.num_stages}
     grid_ = grid(B, H, N_Q, config.kwargs["BLOCK_M"])  # the wrappers' grid, Q blocks on axis 0
     bucket = triton.next_power_of_2(max(N_Q, N_K))
     if impl == "portable":

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from course_lib.bench import attention
 from course_lib.bench.common import (
     DATA_DIR,
     format_table,
@@ -49,10 +50,9 @@ def providers(D: int) -> list[str]:
     return [*SDPA, *(config_label(config(c, regs)) for c in PAIRS[D] for regs in (False, True))]
 
 
-def shapes(head_dims=(64, 128), seq_lens=(4096, 16384), causal=(False, True),
-           tokens: int = 32768, hidden: int = 2048) -> list[dict]:
-    return [{"B": tokens // n, "H": hidden // d, "N": n, "D": d, "causal": c}
-            for d in head_dims for c in causal for n in seq_lens]
+def shapes(head_dims=(64, 128), seq_lens=(4096, 16384), causal=(False, True)) -> list[dict]:
+    """The attention sweep's shapes (``bench.attention.shapes``) at these head dims and lengths."""
+    return attention.shapes(head_dims, seq_lens, causal=causal)
 
 
 def gain_rows(result: dict) -> list[dict]:
@@ -81,9 +81,7 @@ def run(shape_list: list[dict], measure, rounds: int = 5, progress: bool = True)
         names = providers(D)
 
         def derive(shape, rec):
-            flops = 4 * shape["B"] * shape["H"] * shape["N"] ** 2 * shape["D"]
-            flops *= 0.5 if shape["causal"] else 1.0
-            rec["tflops"] = flops / rec["ms"] / 1e9 if rec.get("ms") else None
+            rec["tflops"] = attention.tflops(attention.shape_flops(shape, "fwd"), rec.get("ms"))
 
         out = sweep([s for s in shape_list if s["D"] == D], names, measure, derive,
                     f"hopper D={D}", lambda s: f"N={s['N']} causal={s['causal']}", progress,

@@ -5,8 +5,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from course_lib.bench import attention as ab
-from course_lib.bench import common
-from course_lib.bench import hbm
+from course_lib.bench import common, hbm
 from course_lib.bench.__main__ import main as bench_main
 from course_lib.bench.plots import FIGURES, plot_attention, plot_hbm
 

@@ -349,3 +349,38 @@ def test_bench_hopper_pairs_configs_and_reports_gains():
     assert all(r["regs/smem"] == pytest.approx(1.4 / 1.1) and r["regs/FA2"] == pytest.approx(1.4)
                for r in rows)
     assert "regs/smem" in bh.report(result)
+
+
+# ----------------------------------------------------------------------------- session 4 tiles
+
+def test_hopper_configs_depend_on_causal():
+    def kept(d, causal):
+        return [hp.config_label(c) for c in hop.keep_hopper_config(
+            hop.HOPPER_CONFIGS, {"HEAD_DIM": d}, CAUSAL=causal)]
+
+    assert kept(64, True) == ["128x64 w4 s3"]  # the autotuner picked 64 x 64 wrongly
+    assert kept(64, False) == ["128x64 w4 s3", "64x64 w4 s3"]
+    assert kept(128, False)[0] == kept(128, True)[0] == "64x64 w4 s3"  # short sequences
+    assert kept(128, True) == ["64x64 w4 s3", "128x128 w8 s3"]
+    # CAUSAL may also come as a named argument, as the autotuner passes it
+    assert [hp.config_label(c) for c in hop.keep_hopper_config(
+        hop.HOPPER_CONFIGS, {"HEAD_DIM": 64, "CAUSAL": True})] == ["128x64 w4 s3"]
+
+
+def test_tile_idea_rows_from_the_stored_paired_runs():
+    data = hp.load_tiles()
+    assert data["environment"]["gpu"].startswith("NVIDIA H")
+    rows = hp.tile_idea_rows(data)
+    ideas = {r["idea"] for r in rows}
+    assert len(ideas) == len(hp.TILE_IDEAS)  # every idea has stored rows
+    for r in rows:
+        assert r["with / without"] == pytest.approx(r["with / FA2"] / r["without / FA2"])
+    small = [r for r in rows if r["idea"].startswith("64 x 64 tiles at D 128") and r["N"] <= 8192]
+    assert small and all(r["with / without"] > 1.0 for r in small)  # why 64 x 64 comes first
+    persistent = [r for r in rows if r["idea"].startswith("persistent")]
+    assert persistent and all(r["with / without"] < 0.9 for r in persistent)
+    # the ratio of a fake run is computed from its own numbers
+    fake = {"runs": {"exp8": [{"D": 128, "N": 4096, "causal": False, "variants": {
+        "64x64w4s3": {"ratio": 1.5}, "128x128w8s3": {"ratio": 1.2}}}], "exp7": [], "exp9": []}}
+    (row,) = hp.tile_idea_rows(fake)
+    assert row["with / without"] == pytest.approx(1.25)

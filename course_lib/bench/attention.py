@@ -232,6 +232,22 @@ def provider_fn(name: str, causal: bool):
     raise ValueError(f"unknown provider {name!r}")
 
 
+def autotuned_configs() -> list[dict]:
+    """The config each v2 autotuner chose in this process, per key, for the result file."""
+    from course_lib.kernels import flash_v2, flash_v2_hopper
+
+    out = []
+    for kernel, tuner in (("portable", flash_v2._portable_tuned),
+                          ("hopper", flash_v2_hopper._hopper_tuned)):
+        for key, cfg in getattr(tuner, "cache", {}).items():
+            named = dict(zip(tuner.keys, key))
+            out.append({"kernel": kernel, **{k: named[k] for k in ("N_BUCKET", "HEAD_DIM", "CAUSAL")
+                                             if k in named},
+                        "config": {**cfg.kwargs, "num_warps": cfg.num_warps,
+                                   "num_stages": cfg.num_stages}})
+    return out
+
+
 def math_fits(shape: dict, mode: str, free_bytes: int) -> bool:
     """Whether SDPA MATH's N×N scores and probabilities fit: B·H·N²·(2+4) bytes (×2 backward)."""
     need = shape["B"] * shape["H"] * shape["N"] ** 2 * (2 + 4) * (2 if mode == "bwd" else 1)
@@ -399,6 +415,11 @@ def main(argv=None) -> int:
     result = make_result(rows, everything, args.mode, args.dtype)
     result["tokens"] = args.tokens
     result["rounds"] = args.rounds
+    if args.mode == "fwd" and impls:
+        try:
+            result["autotuned"] = autotuned_configs()
+        except Exception as exc:  # noqa: BLE001 - a bookkeeping extra must not lose the sweep
+            result["autotuned"] = describe_error(exc)
     path = write(result, args.out, plot=not args.no_plot)
     print(f"wrote {path}" + ("" if args.no_plot else f" and {path.with_suffix('.png')}"))
     print(report(json.loads(path.read_text())))  # the compact summary is printed last

@@ -35,26 +35,30 @@ Versions (side by side, llm.c style), each its own kernel:
   * ``hopper`` (flash_v2_hopper.py): TMA tensor descriptors and a pipelining depth autotuned for
     sm_90; chosen automatically on Hopper.
 
-Measured speed (NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22, third
-sweep, every provider timed in 3 interleaved rounds, median; fp16 forward, B·N = 32k, H·D = 2048,
+Measured speed (NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22, fourth
+sweep, every provider timed in 5 interleaved rounds, median; fp16 forward, B·N = 32k, H·D = 2048,
 FLOPs = 4·B·H·N²·D, half for causal; course_lib/data/attention_fwd.json), TFLOP/s:
 
     D   causal      N   portable   hopper   SDPA FLASH   SDPA cuDNN   best / FLASH
-    64  no       4096      402.3    419.5        306.5        431.1           1.37
-    64  no      16384      421.5    443.6        310.9        408.8           1.43
-    64  yes      4096      354.1    366.7        285.3        396.2           1.29
-    64  yes     16384      380.0    391.6        306.7        441.2           1.28
-   128  no       4096      448.6    480.5        339.9        567.2           1.41
-   128  no      16384      471.3    496.7        346.9        581.9           1.43
-   128  yes      4096      410.0    417.2        308.8        507.2           1.35
-   128  yes     16384      439.0    493.5        331.7        535.7           1.49
+    64  no       4096      399.6    423.7        306.7        423.5           1.38
+    64  no      16384      411.8    440.2        310.8        427.1           1.42
+    64  yes      4096      351.1    382.7        276.7        406.2           1.38
+    64  yes     16384      381.0    430.3        307.9        441.9           1.40
+   128  no       4096      443.4    460.1        338.4        573.4           1.36
+   128  no      16384      458.2    494.9        347.0        613.1           1.43
+   128  yes      4096      400.1    426.3        306.3        505.8           1.39
+   128  yes     16384      439.1    492.2        332.5        535.7           1.48
 
-Target >= 1.4x SDPA FLASH at N >= 4k: met at D 128 non-causal (1.40-1.43) and at D 128 causal
-from N 8k (1.40, 1.49; 1.35 at 4k); at D 64 non-causal from N 8k at the edge (1.37-1.43); not at
-D 64 causal (1.28-1.30). Single runs of one config vary by up to 5% and SDPA FLASH by up to 10%,
-hence the interleaved rounds. Tried and measured slower (course_lib/data/hopper_ideas.json): a
-software exp2 on the FMA units, lazy rescaling, Triton 3.6's warp specialisation, a register cap,
-the next block's QK^T issued before the softmax.
+Target >= 1.4x SDPA FLASH at N >= 4k (4k, 8k, 16k): met at 6 of the 12 points (D 64 non-causal
+8k and 16k, D 64 causal 16k, D 128 non-causal 8k and 16k, D 128 causal 16k), 1.36-1.39 at the
+other six. Against the third sweep, D 64 causal rose from 1.28-1.30 to 1.36-1.40: the Hopper
+kernel's causal D 64 list no longer offers 64 x 64 tiles, which the autotuner (one timing per
+config) had picked at every length although paired runs put them 1-4% behind 128 x 64. Single
+runs of one config vary by up to 5-10% and SDPA FLASH by up to 10%, hence interleaved rounds.
+Tried and measured slower (course_lib/data/hopper_ideas.json, hopper_tiles.json): a software
+exp2 on the FMA units, lazy rescaling, Triton 3.6's warp specialisation, a register cap, the next
+block's QK^T issued before the softmax, packed fp16 exp2, a persistent kernel, causal programs
+heavy-first across heads.
 
 DRAM traffic at the FlashAttention paper's Figure 2 shape (B 64, H 16, N 1024, d 64): 0.533 GB,
 0.985x the minimum of reading Q, K, V and writing O and lse once (Nsight Compute).

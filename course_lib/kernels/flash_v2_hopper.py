@@ -26,12 +26,15 @@ of 16 bytes (TMA's rule); otherwise ``flash_attn_v2`` falls back to the portable
 The kernel also runs in Triton's interpreter (descriptors are emulated), so CPU tests cover it.
 
 Measured speed (NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22;
-fp16 forward; course_lib/data/attention_fwd.json, 3 interleaved rounds), TFLOP/s, portable ->
-hopper: D 64 non-causal N 4k 402 -> 420, N 16k 422 -> 444; causal N 16k 380 -> 392; D 128
-non-causal N 4k 449 -> 481, N 16k 471 -> 497; causal N 16k 439 -> 494.
+fp16 forward; course_lib/data/attention_fwd.json, fourth sweep, 5 interleaved rounds), TFLOP/s,
+portable -> hopper: D 64 non-causal N 4k 400 -> 424, N 16k 412 -> 440; causal N 4k 351 -> 383,
+N 16k 381 -> 430; D 128 non-causal N 4k 443 -> 460, N 16k 458 -> 495; causal N 16k 439 -> 492.
 Q in registers, same fixed config with and without (course_lib/data/hopper_q_in_regs.json, 5
 interleaved rounds): x1.02-1.10 at D 64, x0.97-1.05 at D 128. At D 64 TMA pays only with 64-wide
 key tiles, so the filter keeps those there and ``flash_attn_v2`` picks this kernel from D 64 up.
+At D 128, 64 x 64 tiles with 4 warps beat 128 x 128 with 8 warps by 7-25% up to N 8k (paired
+runs, course_lib/data/hopper_tiles.json): two such programs share an SM and overlap each other's
+softmax, loads and epilogue with their MMAs.
 """
 from __future__ import annotations
 
@@ -125,29 +128,41 @@ HOPPER_CONFIGS = [
     _cfg(128, 128, 8, 2, False), _cfg(128, 64, 4, 3), _cfg(128, 64, 4, 3, False),
     _cfg(128, 64, 4, 4), _cfg(64, 64, 4, 3), _cfg(64, 64, 4, 2, False),
 ]
-# Which configs each head dim tries, by (BLOCK_M, BLOCK_N, warps, stages, Q_IN_REGS); the first
-# is the fixed config of short sequences. Few candidates on purpose: the autotuner times each
-# once, and runs of one config vary by up to 5%, so a long list often crowns a lucky one.
-# Measured on an H100, fixed configs, 5 interleaved rounds (course_lib/data/hopper_q_in_regs.json):
-# Q in registers gains 2-10% at D 64 and nothing at D 128 (0.97-1.05), where 3 stages beat 2
-# (causal N 16k: 488 against 448 TFLOP/s). 128-wide key tiles lose at D 64 (309 against 423).
+# Which configs each (head dim, causal) tries, by (BLOCK_M, BLOCK_N, warps, stages, Q_IN_REGS);
+# the first is the fixed config of short sequences. Few candidates on purpose: the autotuner
+# times each once, and single runs of one config vary by up to 5-10% on the lent H100, so a
+# long list often crowns a lucky one. The lists come from paired measurements (every round: SDPA
+# FLASH, each config, FLASH again; 5 to 9 rounds; course_lib/data/hopper_tiles.json):
+# * D 128: 64 x 64 tiles (4 warps) beat 128 x 128 (8 warps) at N 1k-8k by 7-25%, and are even
+#   at 16k. Two small programs share an SM (~100 KiB of shared memory each), so one program's
+#   softmax, loads and epilogue overlap the other's MMA; a 128 x 128 program has its SM alone.
+# * D 64 causal: 128 x 64 beats 64 x 64 by 1-4% at every N; the autotuner, timing each once,
+#   picked 64 x 64 at all three lengths of one sweep, so causal D 64 keeps only 128 x 64.
+# * Q in registers gains 2-10% at D 64 and nothing at D 128 (hopper_q_in_regs.json); 128-wide
+#   key tiles lose at D 64 (309 against 423 TFLOP/s).
 _HOPPER_KEEP = {
-    64: [(128, 64, 4, 3, True), (64, 64, 4, 3, True)],
-    128: [(128, 128, 8, 3, True), (128, 128, 8, 2, True)],
-    256: [(64, 64, 4, 2, False)],
+    (64, False): [(128, 64, 4, 3, True), (64, 64, 4, 3, True)],
+    (64, True): [(128, 64, 4, 3, True)],
+    (128, False): [(64, 64, 4, 3, True), (128, 128, 8, 3, True)],
+    (128, True): [(64, 64, 4, 3, True), (128, 128, 8, 3, True)],
+    (256, False): [(64, 64, 4, 2, False)],
+    (256, True): [(64, 64, 4, 2, False)],
 }
 
 
 def keep_hopper_config(configs, named_args, **kwargs):
-    """Autotune filter: the configs measured for this head dim, among those that fit an sm_90 SM.
+    """Autotune filter: the configs measured for this head dim (and causal or not), among those
+    that fit an sm_90 SM.
 
     HEAD_DIM <= 64 keeps 64-wide key tiles (wider ones lost at D 64). HEAD_DIM 256 keeps 64 x 64
     tiles with 2 stages (Q tile 32 KB + 2 stages of K and V tiles of 32 KB each). At HEAD_DIM 128,
-    128 x 128 with 3 stages needs about 224 of the 227 KB a block may use: it is kept, and the
-    autotuner drops it where the compiler finds it does not fit.
+    128 x 128 with 3 stages needs 192 of the 227 KB a block may use with Q in registers.
     """
-    d = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
-    wanted = _HOPPER_KEEP[64 if d <= 64 else 128 if d <= 128 else 256]
+    def arg(name, default=None):
+        return named_args[name] if name in named_args else kwargs.get(name, default)
+
+    d = arg("HEAD_DIM")
+    wanted = _HOPPER_KEEP[(64 if d <= 64 else 128 if d <= 128 else 256, bool(arg("CAUSAL", False)))]
 
     def shape(c):
         return (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages,

@@ -120,7 +120,8 @@ def plot_smem_per_stage(head_dims=(64, 128, 256), gpu: str = "H100-SXM"):
     budget = rows[0]["budget_kib"]
     axes[0].legend(handles=[Line2D([], [], color="crimson", ls="--", lw=1,
                                    label=f"{budget:.0f} KiB: one block's limit"),
-                            Patch(color="tab:purple", label="Q tile (where Q stays in shared memory)"),
+                            Patch(color="tab:purple",
+                                  label="Q tile (where Q stays in shared memory)"),
                             Patch(color="tab:blue", label="one stage: K + V tiles"),
                             Patch(facecolor="white", edgecolor="gray", hatch="//",
                                   label="dropped by keep_hopper_config")],
@@ -478,4 +479,48 @@ def ideas_rows(data: dict | None = None, D: int = 64, N: int = 4096) -> list[dic
             rows.append({**row, "best without": f"{base['tflops']:.0f} ({label(base)})",
                          "best with": f"{best['tflops']:.0f} ({label(best)})",
                          "ratio": best["tflops"] / base["tflops"]})
+    return rows
+
+
+# ----------------------------------------------------------------------------- session 4
+HOPPER_TILES = HOPPER_IDEAS.with_name("hopper_tiles.json")
+
+# Each idea of the fourth round against its baseline in the same run (hopper_tiles.json).
+TILE_IDEAS = [
+    # (idea, run, D, variant with the idea, the same without it)
+    ("64 x 64 tiles at D 128 (two programs per SM)", "exp8", 128, "64x64w4s3", "128x128w8s3"),
+    ("D 64: 64 x 64 tiles instead of 128 x 64", "exp8", 64, "64x64w4s3", "128x64w4s3"),
+    ("causal heavy-first over 8 heads, 128 x 128 (D 128)", "exp9", 128, "128x128w8s3 o8",
+     "128x128w8s3 o0"),
+    ("causal heavy-first over 8 heads, 128 x 64 (D 64)", "exp9", 64, "128x64w4s3 o8",
+     "128x64w4s3 o0"),
+    ("causal masked blocks first (D 64)", "exp9", 64, "128x64w4s3 o8 mfirst", "128x64w4s3 o8"),
+    ("packed fp16 exp2, ex2.approx.f16x2 (D 64)", "exp7", 64, "128x64w4s3 e16", "128x64w4s3"),
+    ("packed fp16 exp2, ex2.approx.f16x2 (D 128)", "exp7", 128, "128x128w8s3 e16",
+     "128x128w8s3"),
+    ("persistent kernel, 2 programs per SM (D 64)", "exp7", 64, "P128x64w4s3 c2",
+     "128x64w4s3"),
+]
+
+
+def load_tiles(path: Path = HOPPER_TILES) -> dict:
+    """The stored paired measurements of session 4 (see ``tile_idea_rows``)."""
+    import json
+
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def tile_idea_rows(data: dict | None = None) -> list[dict]:
+    """Per idea and shape: the idea's speed over its baseline's, both as paired ratios to SDPA
+    FLASH_ATTENTION in the same rounds (so the GPU's clock drift cancels)."""
+    data = load_tiles() if data is None else data
+    rows = []
+    for idea, run, D, with_, without in TILE_IDEAS:
+        for r in data["runs"][run]:
+            v = r["variants"]
+            if r["D"] != D or with_ not in v or without not in v:
+                continue
+            rows.append({"idea": idea, "causal": r["causal"], "N": r["N"],
+                         "without / FA2": v[without]["ratio"], "with / FA2": v[with_]["ratio"],
+                         "with / without": v[with_]["ratio"] / v[without]["ratio"]})
     return rows

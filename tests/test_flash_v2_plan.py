@@ -351,6 +351,22 @@ def test_bench_hopper_pairs_configs_and_reports_gains():
     assert "regs/smem" in bh.report(result)
 
 
+def test_bench_hopper_providers_run_the_configs():
+    from course_lib.bench import attention as ab
+    from course_lib.bench import hopper as bh
+
+    assert bh.provider_fn("sdpa-CUDNN_ATTENTION", True) is not None
+    with pytest.raises(ValueError, match="unknown provider"):
+        bh.provider_fn("96x64 w4 s3", False)
+    q = fresh_randn(1, 1, 70, 64, dtype=torch.float16)
+    k, v = (fresh_randn(1, 1, 70, 64, dtype=torch.float16) for _ in range(2))
+    for name in bh.providers(64)[2:4]:  # one config with Q in shared memory, then in registers
+        o = bh.provider_fn(name, True)(q, k, v)
+        assert_close_2x(o, attention(q, k, v, causal=True),
+                        attention_same_precision(q, k, v, causal=True), name=name)
+    assert ab.GPUMeasure("fwd", torch.float16, provider=bh.provider_fn).provider is bh.provider_fn
+
+
 # ----------------------------------------------------------------------------- session 4 tiles
 
 def test_hopper_configs_depend_on_causal():

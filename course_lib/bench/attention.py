@@ -255,11 +255,16 @@ def math_fits(shape: dict, mode: str, free_bytes: int) -> bool:
 
 
 class GPUMeasure:
-    """``measure(provider, shape)`` for ``run_sweep`` on a GPU: check once, then time."""
+    """``measure(provider, shape)`` for ``run_sweep`` on a GPU: check once, then time.
+
+    ``provider(name, causal)`` gives the callable ``(q, k, v) -> o`` behind a provider name
+    (default: this module's ``provider_fn``; ``bench.hopper`` passes its fixed configs).
+    """
 
     def __init__(self, mode: str, dtype: torch.dtype, warmup_ms: float = 100,
-                 rep_ms: float = 500, check: bool = True):
+                 rep_ms: float = 500, check: bool = True, provider=None):
         self.mode, self.dtype, self.check = mode, dtype, check
+        self.provider = provider_fn if provider is None else provider
         self.warmup_ms, self.rep_ms = warmup_ms, rep_ms
         self._key, self._inputs, self._ref = None, None, None
         self._checked = {}  # provider -> its max error at the current shape (checked once)
@@ -291,7 +296,7 @@ class GPUMeasure:
             ref = [o.detach()]
             if self.mode == "bwd":
                 ref += [g.detach() for g in torch.autograd.grad(o, (qf, kf, vf), do.float())]
-            base = self._outputs(provider_fn(REFERENCE, shape["causal"]), q, k, v, do)
+            base = self._outputs(self.provider(REFERENCE, shape["causal"]), q, k, v, do)
             self._ref = (ref, [_max_err(b, r) for b, r in zip(base, ref)])
         return self._ref
 
@@ -305,7 +310,7 @@ class GPUMeasure:
     def _validate(self, name, shape) -> float:
         ref, base_errs = self._reference(shape)
         q, k, v, do = (t[:1, :2] for t in self._inputs)
-        outs = self._outputs(provider_fn(name, shape["causal"]), q, k, v, do)
+        outs = self._outputs(self.provider(name, shape["causal"]), q, k, v, do)
         errs = [_max_err(o, r) for o, r in zip(outs, ref)]
         for what, err, base in zip(("o", "dq", "dk", "dv"), errs, base_errs):
             if not err <= 2 * base + 1e-3:  # also catches NaN
@@ -325,7 +330,7 @@ class GPUMeasure:
                 self._checked[name] = self._validate(name, shape)
             rec["max_err"] = self._checked[name]
         q, k, v, do = self._inputs
-        fn = provider_fn(name, shape["causal"])
+        fn = self.provider(name, shape["causal"])
         if self.mode == "fwd":
             def step():
                 return fn(q, k, v)

@@ -6,8 +6,8 @@ times each pair of otherwise identical fixed configs, with SDPA's FLASH_ATTENTIO
 CUDNN_ATTENTION backends, at the FlashAttention-2 paper's shapes (B·N = 32k, H·D = 2048, fp16).
 Every provider of a shape is timed in turn, ``--rounds`` times over (A B C, A B C, ...), and
 keeps its median: the GPU's clock drifts by several per cent within seconds, and interleaving
-spreads the drift over every provider alike. Each config's output is first checked against
-SDPA FLASH_ATTENTION's.
+spreads the drift over every provider alike. Each config's output is first checked against the
+fp32 reference (at most twice SDPA FLASH_ATTENTION's error), as in ``bench attention``.
 
     python -m course_lib.bench hopper [--rounds 5] [--seq-lens 4096,16384] [--out DIR]
 
@@ -22,10 +22,8 @@ from course_lib.bench import attention
 from course_lib.bench.common import (
     DATA_DIR,
     format_table,
-    median_ms,
     require_gpu,
     save_result,
-    sdpa_backend,
     sweep,
 )
 
@@ -91,56 +89,25 @@ def run(shape_list: list[dict], measure, rounds: int = 5, progress: bool = True)
             "pairs": {str(d): [list(c) for c in cs] for d, cs in PAIRS.items()}, "rows": rows}
 
 
-class GPUMeasure:
-    """Inputs once per shape; a config is checked against SDPA FLASH once, then timed."""
+def provider_fn(name: str, causal: bool):
+    """The callable ``(q, k, v) -> o`` behind a provider name: an SDPA backend or a config."""
+    if name in SDPA:
+        return attention.provider_fn(name, causal)
+    from course_lib.kernels.hopper_plan import config_label, launch_config
 
-    def __init__(self, warmup_ms: float = 25, rep_ms: float = 100):
-        self.warmup_ms, self.rep_ms = warmup_ms, rep_ms
-        self._key = self._inputs = self._ref = None
-        self._checked = set()
+    cfg = next((config(c, r) for pairs in PAIRS.values() for c in pairs for r in (False, True)
+                if config_label(config(c, r)) == name), None)
+    if cfg is None:
+        raise ValueError(f"unknown provider {name!r}")
+    return lambda q, k, v: launch_config("hopper", q, k, v, causal, cfg)[0]
 
-    def _prepare(self, shape):
-        import torch
 
-        key = tuple(sorted(shape.items()))
-        if key != self._key:
-            self._key = self._inputs = self._ref = None
-            torch.cuda.empty_cache()
-            gen = torch.Generator(device="cuda").manual_seed(0)
-            self._inputs = tuple(torch.randn(shape["B"], shape["H"], shape["N"], shape["D"],
-                                             device="cuda", dtype=torch.float16, generator=gen)
-                                 for _ in range(3))
-            self._key, self._checked = key, set()
-        return self._inputs
+def gpu_measure(warmup_ms: float = 25, rep_ms: float = 100):
+    """The attention sweep's ``GPUMeasure`` (inputs once per shape; each config checked once
+    against the fp32 reference with the 2x rule, then timed) over this command's providers."""
+    import torch
 
-    def __call__(self, name: str, shape: dict) -> dict:
-        import torch
-        import torch.nn.functional as F
-
-        from course_lib.kernels.hopper_plan import config_label, launch_config
-
-        q, k, v = self._prepare(shape)
-        causal = shape["causal"]
-        if name in SDPA:
-            def step():
-                with sdpa_backend(name[5:]):
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        else:
-            cfg = next(config(c, r) for c in PAIRS[shape["D"]] for r in (False, True)
-                       if config_label(config(c, r)) == name)
-
-            def step():
-                return launch_config("hopper", q, k, v, causal, cfg)[0]
-        if name not in self._checked:
-            if self._ref is None:
-                with sdpa_backend("FLASH_ATTENTION"):
-                    self._ref = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            err = (step().float() - self._ref.float()).abs().max().item()
-            if not err <= 4e-3:  # fp16 outputs of two correct kernels differ by a few ulps
-                raise AssertionError(f"{name}: max difference {err:.1e} from SDPA FLASH")
-            self._checked.add(name)
-            torch.cuda.synchronize()
-        return {"ms": median_ms(step, warmup_ms=self.warmup_ms, rep_ms=self.rep_ms)}
+    return attention.GPUMeasure("fwd", torch.float16, warmup_ms, rep_ms, provider=provider_fn)
 
 
 def report(result: dict) -> str:
@@ -163,7 +130,7 @@ def main(argv=None) -> int:
     require_gpu("python -m course_lib.bench hopper")
     shape_list = shapes([int(d) for d in args.head_dims.split(",")],
                         [int(n) for n in args.seq_lens.split(",")])
-    result = run(shape_list, GPUMeasure(), rounds=args.rounds)
+    result = run(shape_list, gpu_measure(), rounds=args.rounds)
     path = save_result(NAME, result, args.out)
     import json
 

@@ -26,6 +26,8 @@ def test_notebook_is_committed_clean(path):
     nb = json.loads(path.read_text(encoding="utf-8"))
     assert nbtools.is_clean(nb), f"{path.name} has outputs: run ./course strip"
     assert "widgets" not in nb.get("metadata", {}), f"{path.name} stores widget state"
+    ids = [c.get("id") for c in nb["cells"]]  # nbformat 4.5: every cell has a unique id
+    assert None not in ids and len(set(ids)) == len(ids), f"{path.name}: missing or repeated ids"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -18,7 +18,7 @@ from course_lib.kernels import flash_v2_hopper as hop
 from course_lib.kernels import flash_v2_plan as plan
 from course_lib.kernels import hopper_plan as hp
 from course_lib.reference import attention, causal_mask
-from course_lib.testing import assert_close_2x, attention_same_precision, fresh_randn
+from course_lib.testing import assert_close_2x, attention_same_precision, fresh_randn, poison_
 
 BLOCKS = [(16, 16), (32, 16), (16, 32), (64, 32), (128, 64)]
 
@@ -376,8 +376,8 @@ def test_hopper_configs_depend_on_causal():
 
     assert kept(64, True) == ["128x64 w4 s3"]  # the autotuner picked 64 x 64 wrongly
     assert kept(64, False) == ["128x64 w4 s3", "64x64 w4 s3"]
-    assert kept(128, False)[0] == kept(128, True)[0] == "64x64 w4 s3"  # short sequences
-    assert kept(128, True) == ["64x64 w4 s3", "128x128 w8 s3"]
+    assert kept(128, False)[0] == kept(128, True)[0] == "64x64 w4 s3 l-MMA"  # short sequences
+    assert kept(128, True) == ["64x64 w4 s3 l-MMA", "128x128 w8 s3"]
     # CAUSAL may also come as a named argument, as the autotuner passes it
     assert [hp.config_label(c) for c in hop.keep_hopper_config(
         hop.HOPPER_CONFIGS, {"HEAD_DIM": 64, "CAUSAL": True})] == ["128x64 w4 s3"]
@@ -400,3 +400,82 @@ def test_tile_idea_rows_from_the_stored_paired_runs():
         "64x64w4s3": {"ratio": 1.5}, "128x128w8s3": {"ratio": 1.2}}}], "exp7": [], "exp9": []}}
     (row,) = hp.tile_idea_rows(fake)
     assert row["with / without"] == pytest.approx(1.25)
+
+
+# ----------------------------------------------------------------------------- session 5: l on MMA
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", [(1, 2, 2, 1, 1, 64), (1, 4, 2, 97, 130, 64),
+                                   (1, 2, 1, 130, 97, 128), (2, 2, 2, 17, 17, 32)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True])
+def test_row_sums_on_the_tensor_cores(shape, causal, dtype):
+    """ROWSUM_MMA: l accumulated as P @ ones; O and the lse stay within the 2x rule."""
+    B, H, H_kv, N_q, N_k, D = shape
+    q = fresh_randn(B, H, N_q, D, dtype=dtype)
+    k, v = (fresh_randn(B, H_kv, N_k, D, dtype=dtype) for _ in range(2))
+    out = (poison_(torch.empty(B, H, N_q, D, dtype=dtype, device=q.device)),
+           poison_(torch.empty(B, H, N_q, device=q.device)))
+    cfg = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16, "Q_IN_REGS": True, "ROWSUM_MMA": True},
+                        num_warps=4, num_stages=2)
+    assert hp.config_label(cfg) == "32x16 w4 s2 l-MMA"
+    o, lse, _ = hp.launch_config("hopper", q, k, v, causal, cfg, out=out)
+    ref_o, ref_lse = attention(q, k, v, causal=causal, return_lse=True)
+    assert not torch.isnan(o).any()
+    assert_close_2x(o, ref_o, attention_same_precision(q, k, v, causal=causal), name="O l-MMA")
+    # l sums P rounded to the inputs' dtype: at most a factor 1 +- u off (hop.lse_rounding)
+    u = 0.0 if dtype == torch.float32 else torch.finfo(dtype).eps / 2
+    assert u == hop.lse_rounding(dtype, 128)
+    assert_close_2x(lse, ref_lse, ref_lse, name="lse l-MMA", atol=1e-4 + u)
+
+
+def test_row_sums_on_the_tensor_cores_extreme_logits_and_blind_rows():
+    q = fresh_randn(1, 2, 50, 32, dtype=torch.float16)
+    k, v = (fresh_randn(1, 2, 10, 32, dtype=torch.float16) for _ in range(2))
+    cfg = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16, "Q_IN_REGS": True, "ROWSUM_MMA": True},
+                        num_warps=4, num_stages=2)
+    o, lse, _ = hp.launch_config("hopper", q, k, v, True, cfg, sm_scale=1e4)
+    assert torch.all(o[:, :, :40] == 0) and torch.all(torch.isinf(lse[:, :, :40]))
+    assert torch.isfinite(o).all() and torch.isfinite(lse[:, :, 40:]).all()
+    ref_lse = attention(q, k, v, causal=True, sm_scale=1e4, return_lse=True)[1]
+    torch.testing.assert_close(lse[:, :, 40:], ref_lse[:, :, 40:], atol=1e-2, rtol=1e-5)
+
+
+@pytest.mark.parametrize("D, rowsum", [(64, False), (128, True)])
+def test_the_interpreter_runs_the_gpu_code_path(monkeypatch, D, rowsum):
+    """flash_attn_v2's Hopper kernel in the interpreter takes the switches of the config the
+    GPU runs first (small tiles): at D 128 the row sums on the tensor cores."""
+    from course_lib import INTERPRET
+    from course_lib.kernels.flash_v2 import flash_attn_v2
+
+    first = hop.keep_hopper_config(hop.HOPPER_CONFIGS, {"HEAD_DIM": D})[0]
+    assert first.kwargs["ROWSUM_MMA"] is rowsum and first.kwargs["Q_IN_REGS"]
+    if not INTERPRET:
+        pytest.skip("checks the interpreter's launch")
+    seen = {}
+    kernel = hop._flash_fwd_v2_hopper_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                seen.update(kwargs)
+                return kernel[grid](*args, **kwargs)
+            return run
+
+    monkeypatch.setattr(hop, "_flash_fwd_v2_hopper_kernel", Spy())
+    q, k, v = (fresh_randn(1, 2, 20, D, dtype=torch.float16) for _ in range(3))
+    o = flash_attn_v2(q, k, v, causal=True, impl="hopper")
+    assert seen["ROWSUM_MMA"] is rowsum and seen["Q_IN_REGS"] and seen["BLOCK_M"] == 32
+    assert_close_2x(o, attention(q, k, v, causal=True),
+                    attention_same_precision(q, k, v, causal=True), name="spied")
+
+
+def test_rowsum_and_clock_rows_from_the_stored_runs():
+    rows = hp.rowsum_rows()
+    ideas = {r["idea"] for r in rows}
+    assert ideas == {i[0] for i in hp.ROWSUM_IDEAS}
+    d128 = [r["with / without"] for r in rows if r["idea"].startswith("l on MMA, 64 x 64")]
+    assert len(d128) == 12 and sum(d128) / len(d128) > 1.0  # why the D 128 configs adopt it
+    clocks = hp.clock_rows()
+    assert {r["kernel"] for r in clocks} >= {"FA2", "flash_attn_v2"}
+    assert all(600 < r["W"] < 720 and 1000 < r["SM MHz"] < 2000 for r in clocks)

@@ -77,12 +77,12 @@ MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis, which carries batch 
 
 
 @triton.jit
-def _online_softmax_step(qk, m_i, l_i, acc, valid, qk_scale, MASKED: tl.constexpr):
-    """One step of the online softmax on a (BLOCK_M, BLOCK_N) score tile.
+def _softmax_scores(qk, m_i, valid, qk_scale, MASKED: tl.constexpr):
+    """The exponentials of one (BLOCK_M, BLOCK_N) score tile: (p, α, m_new).
 
-    ``qk`` holds raw q·k; the returned ``p`` is e^{s - m_new} in the exp2 domain. Returns
-    (p, m_new, l_new, acc rescaled by α). With MASKED, entries where ``valid`` is False count as
-    -inf, and a row with no valid entry so far keeps m = -inf, l = 0 without producing NaN.
+    ``qk`` holds raw q·k; ``p`` is e^{s - m_new} in the exp2 domain and α = e^{m_old - m_new}
+    rescales what was accumulated before. With MASKED, entries where ``valid`` is False count as
+    -inf, and a row with no valid entry so far keeps m = -inf (p = α = 0) without producing NaN.
     """
     if MASKED:
         s = tl.where(valid, qk * qk_scale, float("-inf"))
@@ -94,6 +94,16 @@ def _online_softmax_step(qk, m_i, l_i, acc, valid, qk_scale, MASKED: tl.constexp
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
         p = tl.math.exp2(qk * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
+    return p, alpha, m_new
+
+
+@triton.jit
+def _online_softmax_step(qk, m_i, l_i, acc, valid, qk_scale, MASKED: tl.constexpr):
+    """One step of the online softmax on a (BLOCK_M, BLOCK_N) score tile.
+
+    Returns (p, m_new, l_new, acc rescaled by α); see ``_softmax_scores`` for p, α and masking.
+    """
+    p, alpha, m_new = _softmax_scores(qk, m_i, valid, qk_scale, MASKED)
     l_new = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
     return p, m_new, l_new, acc
@@ -267,10 +277,10 @@ def launch(kernel, tuned, configs, keep, grid_of, args, meta, n_bucket, prepare=
     if not INTERPRET and n_bucket >= AUTOTUNE_MIN_N:
         tuned[lambda m: grid_of(m["BLOCK_M"])](*args, **meta)
         return
-    if INTERPRET:
-        blocks, options = dict(INTERPRETER_BLOCKS), {}
+    cfg = keep(configs, {}, **meta)[0]
+    if INTERPRET:  # the GPU's code path (Q_IN_REGS, ROWSUM_MMA, ...) with small tiles
+        blocks, options = {**cfg.kwargs, **INTERPRETER_BLOCKS}, {}
     else:
-        cfg = keep(configs, {}, **meta)[0]
         blocks, options = cfg.kwargs, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     if prepare is not None:
         prepare(blocks)

@@ -20,21 +20,31 @@ changes is how tiles reach shared memory and how deep the pipeline runs:
    QK^T, next to K. Passed through registers once (multiplied by a run-time 1.0, which is exact),
    it stays there for the whole loop: QK^T then reads only K from shared memory, and Q's buffer
    is freed for the K/V stages (D 64, 128x64 s3: 48.1 instead of 65.0 KiB).
+5. **Row sums on the tensor cores** (``ROWSUM_MMA``, D 128 with 64 x 64 tiles). The softmax's
+   row sums l are P @ ones, accumulated by a second ``tl.dot`` next to P @ V: one FP32 add per
+   score element leaves the loop (313 instead of 337 SASS instructions per thread and key block)
+   for 1/16 more MMA work. P enters the MMA rounded to fp16/bf16, so O is divided by exactly the
+   weights that multiplied V, and the lse is off by at most the unit roundoff (``lse_rounding``).
 
 Strided inputs work as long as the last dim is contiguous and the other strides are multiples
 of 16 bytes (TMA's rule); otherwise ``flash_attn_v2`` falls back to the portable kernel.
-The kernel also runs in Triton's interpreter (descriptors are emulated), so CPU tests cover it.
+The kernel also runs in Triton's interpreter (descriptors are emulated), so CPU tests cover it;
+there it runs the same switches (Q_IN_REGS, ROWSUM_MMA) as the GPU's first config, with small tiles.
 
 Measured speed (NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22;
-fp16 forward; course_lib/data/attention_fwd.json, fourth sweep, 5 interleaved rounds), TFLOP/s,
-portable -> hopper: D 64 non-causal N 4k 400 -> 424, N 16k 412 -> 440; causal N 4k 351 -> 383,
-N 16k 381 -> 430; D 128 non-causal N 4k 443 -> 460, N 16k 458 -> 495; causal N 16k 439 -> 492.
+fp16 forward; course_lib/data/attention_fwd.json, fifth sweep, 5 interleaved rounds), TFLOP/s
+and ratio to SDPA FLASH_ATTENTION at N 4k / 8k / 16k: D 64 non-causal 416 / 435 / 440
+(1.37 / 1.41 / 1.42), causal 377 / 412 / 416 (1.35 / 1.37 / 1.36); D 128 non-causal
+481 / 495 / 507 (1.42 / 1.43 / 1.46), causal 440 / 462 / 494 (1.44 / 1.44 / 1.50).
 Q in registers, same fixed config with and without (course_lib/data/hopper_q_in_regs.json, 5
 interleaved rounds): x1.02-1.10 at D 64, x0.97-1.05 at D 128. At D 64 TMA pays only with 64-wide
 key tiles, so the filter keeps those there and ``flash_attn_v2`` picks this kernel from D 64 up.
 At D 128, 64 x 64 tiles with 4 warps beat 128 x 128 with 8 warps by 7-25% up to N 8k (paired
 runs, course_lib/data/hopper_tiles.json): two such programs share an SM and overlap each other's
-softmax, loads and epilogue with their MMAs.
+softmax, loads and epilogue with their MMAs. Row sums on the tensor cores: +3.2% median over 12
+paired points with 64 x 64 tiles at D 128 (-2 to +9%); -2% with 128 x 128 tiles and at D 64
+(course_lib/data/hopper_rowsum.json). Every kernel measured there ran at the board's 700 W power
+cap (nvidia-smi: "SW power cap"), this one at 1450-1830 MHz, FA2 at 1670-1840 MHz.
 """
 from __future__ import annotations
 
@@ -49,17 +59,24 @@ from course_lib.kernels.flash_v2 import (
     _epilogue,
     _online_softmax_step,
     _q_block_program,
+    _softmax_scores,
     allocate_outputs,
     dot_precision,
     launch,
 )
 
+ROWSUM_COLS = tl.constexpr(16)  # width of the ones tile of ROWSUM_MMA: the narrowest tl.dot takes
+
 
 @triton.jit
 def _fwd_inner_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m, lo, hi, N_K, q_offset,
                    qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                   MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   ROWSUM_MMA: tl.constexpr):
+    """One key range of the loop. With ROWSUM_MMA, ``l_i`` is a (BLOCK_M, ROWSUM_COLS) tile
+    whose columns all hold the row sums, accumulated by the tensor cores as P @ ones."""
     offs_n0 = tl.arange(0, BLOCK_N)
+    ones = tl.full([BLOCK_N, ROWSUM_COLS], 1.0, q.dtype)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         k = desc_k.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
@@ -68,9 +85,18 @@ def _fwd_inner_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m, lo, hi, N_
         valid = offs_n[None, :] < N_K
         if CAUSAL:
             valid = valid & (offs_n[None, :] <= offs_m[:, None] + q_offset)
-        p, m_i, l_i, acc = _online_softmax_step(qk, m_i, l_i, acc, valid, qk_scale, MASKED)
-        v = desc_v.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        if ROWSUM_MMA:
+            p, alpha, m_i = _softmax_scores(qk, m_i, valid, qk_scale, MASKED)
+            acc = acc * alpha[:, None]
+            l_i = l_i * alpha[:, None]
+            v = desc_v.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+            p = p.to(v.dtype)
+            acc = tl.dot(p, v, acc, input_precision=DOT_PRECISION)
+            l_i = tl.dot(p, ones, l_i, input_precision=DOT_PRECISION)  # row sums of P
+        else:
+            p, m_i, l_i, acc = _online_softmax_step(qk, m_i, l_i, acc, valid, qk_scale, MASKED)
+            v = desc_v.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
     return acc, m_i, l_i
 
 
@@ -80,6 +106,7 @@ def _flash_fwd_v2_hopper_kernel(
     qk_scale, one, H, GROUP, N_Q, N_K, N_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, Q_IN_REGS: tl.constexpr = True,
+    ROWSUM_MMA: tl.constexpr = False,
 ):
     pid_m, pid_bh, b, h, h_kv = _q_block_program(H, GROUP, CAUSAL)
     start_m = pid_m * BLOCK_M
@@ -92,17 +119,22 @@ def _flash_fwd_v2_hopper_kernel(
         # wgmma then reads only K from shared memory, and Q's 128 x D tile frees its buffer.
         q = (q * one).to(desc_q.dtype)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
+    if ROWSUM_MMA:
+        l_i = tl.zeros([BLOCK_M, ROWSUM_COLS], tl.float32)
+    else:
+        l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
 
     lo_masked, hi = _causal_bounds(start_m, N_Q, N_K, CAUSAL, BLOCK_M, BLOCK_N)
     q_offset = N_K - N_Q
     acc, m_i, l_i = _fwd_inner_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m,
                                    0, lo_masked, N_K, q_offset, qk_scale,
-                                   HEAD_DIM, BLOCK_N, False, CAUSAL, DOT_PRECISION)
+                                   HEAD_DIM, BLOCK_N, False, CAUSAL, DOT_PRECISION, ROWSUM_MMA)
     acc, m_i, l_i = _fwd_inner_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m,
                                    lo_masked, hi, N_K, q_offset, qk_scale,
-                                   HEAD_DIM, BLOCK_N, True, CAUSAL, DOT_PRECISION)
+                                   HEAD_DIM, BLOCK_N, True, CAUSAL, DOT_PRECISION, ROWSUM_MMA)
+    if ROWSUM_MMA:
+        l_i = tl.max(l_i, 1)  # every column holds the same sums
 
     o, lse = _epilogue(acc, m_i, l_i)
     desc_o.store([b, h, start_m, 0], o.to(desc_o.dtype).reshape(1, 1, BLOCK_M, HEAD_DIM))
@@ -118,17 +150,20 @@ def _set_block_shapes(nargs):
     nargs["desc_v"].block_shape = [1, 1, bn, d]
 
 
-def _cfg(bm, bn, warps, stages, q_in_regs=True):
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "Q_IN_REGS": q_in_regs},
+def _cfg(bm, bn, warps, stages, q_in_regs=True, rowsum_mma=False):
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "Q_IN_REGS": q_in_regs,
+                          "ROWSUM_MMA": rowsum_mma},
                          num_warps=warps, num_stages=stages, pre_hook=_set_block_shapes)
 
 
 HOPPER_CONFIGS = [
     _cfg(128, 128, 8, 3), _cfg(128, 128, 8, 3, False), _cfg(128, 128, 8, 2),
     _cfg(128, 128, 8, 2, False), _cfg(128, 64, 4, 3), _cfg(128, 64, 4, 3, False),
-    _cfg(128, 64, 4, 4), _cfg(64, 64, 4, 3), _cfg(64, 64, 4, 2, False),
+    _cfg(128, 64, 4, 4), _cfg(64, 64, 4, 3), _cfg(64, 64, 4, 3, True, True),
+    _cfg(64, 64, 4, 2, False),
 ]
-# Which configs each (head dim, causal) tries, by (BLOCK_M, BLOCK_N, warps, stages, Q_IN_REGS);
+# Which configs each (head dim, causal) tries, by (BLOCK_M, BLOCK_N, warps, stages, Q_IN_REGS,
+# ROWSUM_MMA);
 # the first is the fixed config of short sequences. Few candidates on purpose: the autotuner
 # times each once, and single runs of one config vary by up to 5-10% on the lent H100, so a
 # long list often crowns a lucky one. The lists come from paired measurements (every round: SDPA
@@ -140,13 +175,16 @@ HOPPER_CONFIGS = [
 #   picked 64 x 64 at all three lengths of one sweep, so causal D 64 keeps only 128 x 64.
 # * Q in registers gains 2-10% at D 64 and nothing at D 128 (hopper_q_in_regs.json); 128-wide
 #   key tiles lose at D 64 (309 against 423 TFLOP/s).
+# * Row sums on the tensor cores (ROWSUM_MMA, session 5, hopper_rowsum.json): with 64 x 64 tiles
+#   at D 128, +3.5% on average over 12 paired points (-2 to +9%); with 128 x 128 tiles, and at
+#   D 64 where the extra MMA is a quarter of the P @ V work, it loses or ties.
 _HOPPER_KEEP = {
-    (64, False): [(128, 64, 4, 3, True), (64, 64, 4, 3, True)],
-    (64, True): [(128, 64, 4, 3, True)],
-    (128, False): [(64, 64, 4, 3, True), (128, 128, 8, 3, True)],
-    (128, True): [(64, 64, 4, 3, True), (128, 128, 8, 3, True)],
-    (256, False): [(64, 64, 4, 2, False)],
-    (256, True): [(64, 64, 4, 2, False)],
+    (64, False): [(128, 64, 4, 3, True, False), (64, 64, 4, 3, True, False)],
+    (64, True): [(128, 64, 4, 3, True, False)],
+    (128, False): [(64, 64, 4, 3, True, True), (128, 128, 8, 3, True, False)],
+    (128, True): [(64, 64, 4, 3, True, True), (128, 128, 8, 3, True, False)],
+    (256, False): [(64, 64, 4, 2, False, False)],
+    (256, True): [(64, 64, 4, 2, False, False)],
 }
 
 
@@ -166,7 +204,7 @@ def keep_hopper_config(configs, named_args, **kwargs):
 
     def shape(c):
         return (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages,
-                c.kwargs["Q_IN_REGS"])
+                c.kwargs["Q_IN_REGS"], c.kwargs.get("ROWSUM_MMA", False))
 
     kept = sorted((c for c in configs if shape(c) in wanted), key=lambda c: wanted.index(shape(c)))
     return kept or configs[-1:]
@@ -177,6 +215,22 @@ _hopper_tuned = triton.autotune(
     key=["N_BUCKET", "HEAD_DIM", "CAUSAL", "DOT_PRECISION", "GROUP"],
     prune_configs_by={"early_config_prune": keep_hopper_config},
 )(_flash_fwd_v2_hopper_kernel)
+
+def lse_rounding(dtype: torch.dtype, head_dim: int) -> float:
+    """The largest error of this kernel's lse that comes from summing P after rounding it.
+
+    With ROWSUM_MMA the tensor cores sum P as it enters the P @ V product, rounded to the
+    inputs' dtype. Every term is positive and off by at most the unit roundoff u, so l is off
+    by at most a factor 1 ± u, and lse = m + ln l by at most u (fp16: 4.9e-4, bf16: 3.9e-3).
+    O is normalised by exactly the weights that multiplied V. 0 where no config of this head dim
+    sums that way, or for fp32 inputs.
+    """
+    d = 64 if head_dim <= 64 else 128 if head_dim <= 128 else 256
+    if dtype == torch.float32 or not any(
+            c[5] for causal in (False, True) for c in _HOPPER_KEEP[(d, causal)]):
+        return 0.0
+    return torch.finfo(dtype).eps / 2
+
 
 def tma_compatible(t: torch.Tensor) -> bool:
     """TMA's rules: last dim contiguous, other strides and the base 16-byte aligned."""

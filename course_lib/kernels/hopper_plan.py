@@ -60,10 +60,13 @@ def max_stages(BLOCK_M: int, BLOCK_N: int, D: int, budget_bytes: int, elem_bytes
 
 
 def config_label(cfg) -> str:
-    """"128x64 w4 s3": tile shape, warps, stages; " Q smem" where Q is not held in registers."""
+    """"128x64 w4 s3": tile shape, warps, stages; " Q smem" where Q is not held in registers,
+    " l-MMA" where the tensor cores sum the rows of P (``ROWSUM_MMA``)."""
     k = cfg.kwargs
     label = f"{k['BLOCK_M']}x{k['BLOCK_N']} w{cfg.num_warps} s{cfg.num_stages}"
-    return label if k.get("Q_IN_REGS", True) else label + " Q smem"
+    if not k.get("Q_IN_REGS", True):
+        label += " Q smem"
+    return label + " l-MMA" if k.get("ROWSUM_MMA", False) else label
 
 
 def config_rows(configs=None, head_dims=(64, 128, 256), gpu: str | GPUSpec = "H100-SXM",
@@ -323,7 +326,8 @@ def _probe_figure():
 # one kernel, one fixed config
 # ---------------------------------------------------------------------------------------------
 
-def launch_config(impl: str, q, k, v, causal: bool, config, sm_scale: float | None = None):
+def launch_config(impl: str, q, k, v, causal: bool, config, sm_scale: float | None = None,
+                  out=None):
     """Run the ``impl`` kernel ("portable" or "hopper") with one ``triton.Config``, no autotune.
 
     Returns (o, lse, compiled): ``compiled`` is Triton's compiled kernel on a GPU (its
@@ -336,10 +340,11 @@ def launch_config(impl: str, q, k, v, causal: bool, config, sm_scale: float | No
     B, H, N_Q, D = q.shape
     H_KV, N_K = k.shape[1], k.shape[2]
     sm_scale = D ** -0.5 if sm_scale is None else sm_scale
-    o, lse = v2.allocate_outputs(q)
+    o, lse = v2.allocate_outputs(q, out)  # ``out``: preallocated (o, lse), e.g. NaN-poisoned
     blocks = dict(config.kwargs)
-    if impl == "portable":  # a Hopper config's Q_IN_REGS means nothing to the portable kernel
+    if impl == "portable":  # Hopper-only switches mean nothing to the portable kernel
         blocks.pop("Q_IN_REGS", None)
+        blocks.pop("ROWSUM_MMA", None)
     meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": v2.dot_precision(q.dtype),
             **blocks, "num_warps": config.num_warps, "num_stages": config.num_stages}
     grid_ = grid(B, H, N_Q, config.kwargs["BLOCK_M"])  # the wrappers' grid, Q blocks on axis 0
@@ -523,4 +528,54 @@ def tile_idea_rows(data: dict | None = None) -> list[dict]:
             rows.append({"idea": idea, "causal": r["causal"], "N": r["N"],
                          "without / FA2": v[without]["ratio"], "with / FA2": v[with_]["ratio"],
                          "with / without": v[with_]["ratio"] / v[without]["ratio"]})
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# session 5: row sums on the tensor cores, and the power cap
+# ---------------------------------------------------------------------------------------------
+
+HOPPER_ROWSUM = HOPPER_IDEAS.with_name("hopper_rowsum.json")
+ROWSUM_IDEAS = [
+    # (idea, D, variant with the idea, the same without it)
+    ("l on MMA, 64 x 64 tiles (D 128)", 128, "R16:64x64w4s3", "P:64x64w4s3"),
+    ("l on MMA, 128 x 128 tiles (D 128)", 128, "R16:128x128w8s3", "P:128x128w8s3"),
+    ("l on MMA, 128 x 64 tiles (D 64)", 64, "R16:128x64w4s3", "P:128x64w4s3"),
+    ("l on mma.sync (8 columns), 128 x 64 (D 64)", 64, "R8:128x64w4s3", "P:128x64w4s3"),
+    ("3 programs per SM (maxnreg 168, 2 stages), D 128", 128, "B:64x64w4s2r168",
+     "P:64x64w4s3"),
+]
+
+
+def rowsum_rows(data: dict | None = None) -> list[dict]:
+    """Per idea, run and shape of ``hopper_rowsum.json``: with / without, as paired ratios."""
+    import json
+
+    data = json.loads(HOPPER_ROWSUM.read_text(encoding="utf-8")) if data is None else data
+    rows = []
+    for idea, D, with_, without in ROWSUM_IDEAS:
+        for run, rec in data["runs"].items():
+            for r in rec["paired"]:
+                v = r["variants"]
+                if r["D"] != D or with_ not in v or without not in v:
+                    continue
+                rows.append({"idea": idea, "run": run, "causal": r["causal"], "N": r["N"],
+                             "with / without": v[with_]["ratio"] / v[without]["ratio"]})
+    return rows
+
+
+def clock_rows(data: dict | None = None) -> list[dict]:
+    """The 1-second timings of ``hopper_rowsum.json`` with the SM clock and board power
+    nvidia-smi read meanwhile: every kernel runs at the 700 W cap, at its own clock."""
+    import json
+
+    data = json.loads(HOPPER_ROWSUM.read_text(encoding="utf-8")) if data is None else data
+    rows = []
+    for run, rec in data["runs"].items():
+        for s in rec["sustained"]:
+            if s["round"] != 0:
+                continue
+            rows.append({"run": run, "D": s["D"], "N": s["N"], "causal": s["causal"],
+                         "kernel": s["variant"], "TFLOP/s": s["tflops"], "SM MHz": s["sm_mhz"],
+                         "W": s["power_w"], "TFLOP/s per GHz": s["tflops"] / s["sm_mhz"] * 1e3})
     return rows

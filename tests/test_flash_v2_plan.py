@@ -404,6 +404,9 @@ def test_tile_idea_rows_from_the_stored_paired_runs():
 
 # ----------------------------------------------------------------------------- session 5: l on MMA
 
+_LMMA_CFG = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16, "Q_IN_REGS": True, "ROWSUM_MMA": True},
+                          num_warps=4, num_stages=2)
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("shape", [(1, 2, 2, 1, 1, 64), (1, 4, 2, 97, 130, 64),
                                    (1, 2, 1, 130, 97, 128), (2, 2, 2, 17, 17, 32)],
@@ -416,10 +419,8 @@ def test_row_sums_on_the_tensor_cores(shape, causal, dtype):
     k, v = (fresh_randn(B, H_kv, N_k, D, dtype=dtype) for _ in range(2))
     out = (poison_(torch.empty(B, H, N_q, D, dtype=dtype, device=q.device)),
            poison_(torch.empty(B, H, N_q, device=q.device)))
-    cfg = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16, "Q_IN_REGS": True, "ROWSUM_MMA": True},
-                        num_warps=4, num_stages=2)
-    assert hp.config_label(cfg) == "32x16 w4 s2 l-MMA"
-    o, lse, _ = hp.launch_config("hopper", q, k, v, causal, cfg, out=out)
+    assert hp.config_label(_LMMA_CFG) == "32x16 w4 s2 l-MMA"
+    o, lse, _ = hp.launch_config("hopper", q, k, v, causal, _LMMA_CFG, out=out)
     ref_o, ref_lse = attention(q, k, v, causal=causal, return_lse=True)
     assert not torch.isnan(o).any()
     assert_close_2x(o, ref_o, attention_same_precision(q, k, v, causal=causal), name="O l-MMA")
@@ -432,9 +433,7 @@ def test_row_sums_on_the_tensor_cores(shape, causal, dtype):
 def test_row_sums_on_the_tensor_cores_extreme_logits_and_blind_rows():
     q = fresh_randn(1, 2, 50, 32, dtype=torch.float16)
     k, v = (fresh_randn(1, 2, 10, 32, dtype=torch.float16) for _ in range(2))
-    cfg = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16, "Q_IN_REGS": True, "ROWSUM_MMA": True},
-                        num_warps=4, num_stages=2)
-    o, lse, _ = hp.launch_config("hopper", q, k, v, True, cfg, sm_scale=1e4)
+    o, lse, _ = hp.launch_config("hopper", q, k, v, True, _LMMA_CFG, sm_scale=1e4)
     assert torch.all(o[:, :, :40] == 0) and torch.all(torch.isinf(lse[:, :, :40]))
     assert torch.isfinite(o).all() and torch.isfinite(lse[:, :, 40:]).all()
     ref_lse = attention(q, k, v, causal=True, sm_scale=1e4, return_lse=True)[1]

@@ -188,6 +188,11 @@ _HOPPER_KEEP = {
 }
 
 
+def _head_dim_class(d: int) -> int:
+    """The ``_HOPPER_KEEP`` row a head dim uses: 64, 128 or 256."""
+    return 64 if d <= 64 else 128 if d <= 128 else 256
+
+
 def keep_hopper_config(configs, named_args, **kwargs):
     """Autotune filter: the configs measured for this head dim (and causal or not), among those
     that fit an sm_90 SM.
@@ -199,8 +204,7 @@ def keep_hopper_config(configs, named_args, **kwargs):
     def arg(name, default=None):
         return named_args[name] if name in named_args else kwargs.get(name, default)
 
-    d = arg("HEAD_DIM")
-    wanted = _HOPPER_KEEP[(64 if d <= 64 else 128 if d <= 128 else 256, bool(arg("CAUSAL", False)))]
+    wanted = _HOPPER_KEEP[(_head_dim_class(arg("HEAD_DIM")), bool(arg("CAUSAL", False)))]
 
     def shape(c):
         return (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages,
@@ -225,7 +229,7 @@ def lse_rounding(dtype: torch.dtype, head_dim: int) -> float:
     O is normalised by exactly the weights that multiplied V. 0 where no config of this head dim
     sums that way, or for fp32 inputs.
     """
-    d = 64 if head_dim <= 64 else 128 if head_dim <= 128 else 256
+    d = _head_dim_class(head_dim)
     if dtype == torch.float32 or not any(
             c[5] for causal in (False, True) for c in _HOPPER_KEEP[(d, causal)]):
         return 0.0

@@ -432,11 +432,15 @@ def exp2_poly_demo(x: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def load_ideas(path: Path = HOPPER_IDEAS) -> dict:
-    """The stored measurements of the ideas (see ``ideas_rows``)."""
+def _load_json(path: Path) -> dict:
     import json
 
     return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def load_ideas(path: Path = HOPPER_IDEAS) -> dict:
+    """The stored measurements of the ideas (see ``ideas_rows``)."""
+    return _load_json(path)
 
 
 IDEAS = {
@@ -510,9 +514,15 @@ TILE_IDEAS = [
 
 def load_tiles(path: Path = HOPPER_TILES) -> dict:
     """The stored paired measurements of session 4 (see ``tile_idea_rows``)."""
-    import json
+    return _load_json(path)
 
-    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+def _paired_gains(records: list[dict], D: int, with_: str, without: str):
+    """(record, its variants) for each record at head dim ``D`` that timed both variants."""
+    for r in records:
+        v = r["variants"]
+        if r["D"] == D and with_ in v and without in v:
+            yield r, v
 
 
 def tile_idea_rows(data: dict | None = None) -> list[dict]:
@@ -521,10 +531,7 @@ def tile_idea_rows(data: dict | None = None) -> list[dict]:
     data = load_tiles() if data is None else data
     rows = []
     for idea, run, D, with_, without in TILE_IDEAS:
-        for r in data["runs"][run]:
-            v = r["variants"]
-            if r["D"] != D or with_ not in v or without not in v:
-                continue
+        for r, v in _paired_gains(data["runs"][run], D, with_, without):
             rows.append({"idea": idea, "causal": r["causal"], "N": r["N"],
                          "without / FA2": v[without]["ratio"], "with / FA2": v[with_]["ratio"],
                          "with / without": v[with_]["ratio"] / v[without]["ratio"]})
@@ -549,16 +556,11 @@ ROWSUM_IDEAS = [
 
 def rowsum_rows(data: dict | None = None) -> list[dict]:
     """Per idea, run and shape of ``hopper_rowsum.json``: with / without, as paired ratios."""
-    import json
-
-    data = json.loads(HOPPER_ROWSUM.read_text(encoding="utf-8")) if data is None else data
+    data = _load_json(HOPPER_ROWSUM) if data is None else data
     rows = []
     for idea, D, with_, without in ROWSUM_IDEAS:
         for run, rec in data["runs"].items():
-            for r in rec["paired"]:
-                v = r["variants"]
-                if r["D"] != D or with_ not in v or without not in v:
-                    continue
+            for r, v in _paired_gains(rec["paired"], D, with_, without):
                 rows.append({"idea": idea, "run": run, "causal": r["causal"], "N": r["N"],
                              "with / without": v[with_]["ratio"] / v[without]["ratio"]})
     return rows
@@ -567,9 +569,7 @@ def rowsum_rows(data: dict | None = None) -> list[dict]:
 def clock_rows(data: dict | None = None) -> list[dict]:
     """The 1-second timings of ``hopper_rowsum.json`` with the SM clock and board power
     nvidia-smi read meanwhile: every kernel runs at the 700 W cap, at its own clock."""
-    import json
-
-    data = json.loads(HOPPER_ROWSUM.read_text(encoding="utf-8")) if data is None else data
+    data = _load_json(HOPPER_ROWSUM) if data is None else data
     rows = []
     for run, rec in data["runs"].items():
         for s in rec["sustained"]:

@@ -215,10 +215,10 @@ def test_shared_memory_per_stage():
     for r in rows:
         assert not r["kept"] or r["fits"], r  # the filter never keeps what cannot fit
     kept256 = [r["config"] for r in rows if r["D"] == 256 and r["kept"]]
-    assert kept256 == ["64x64 w4 s2 Q smem"]
+    assert kept256 == ["64x64 w4 s2 Q smem pinned"]
     assert all(r["fits"] for r in rows if r["D"] == 64)  # everything fits at D 64 ...
     kept64 = [r["config"] for r in rows if r["D"] == 64 and r["kept"]]
-    assert kept64 == ["128x64 w4 s3", "64x64 w4 s3"]  # measured
+    assert kept64 == ["128x64 w4 s3 pinned"]  # measured
 
 
 def test_ceiling_model():
@@ -311,9 +311,9 @@ def test_exercise_solutions_pass_and_stubs_do_not_crash(capsys):
 def test_q_in_regs_configs_labels_and_smem():
     kept64 = [hp.config_label(c) for c in hop.keep_hopper_config(hop.HOPPER_CONFIGS,
                                                                    {"HEAD_DIM": 64})]
-    assert kept64[0] == "128x64 w4 s3" and not any(lbl.endswith("Q smem") for lbl in kept64)
+    assert kept64[0] == "128x64 w4 s3 pinned" and not any("Q smem" in lbl for lbl in kept64)
     kept256 = hop.keep_hopper_config(hop.HOPPER_CONFIGS, {"HEAD_DIM": 256})
-    assert [hp.config_label(c) for c in kept256] == ["64x64 w4 s2 Q smem"]
+    assert [hp.config_label(c) for c in kept256] == ["64x64 w4 s2 Q smem pinned"]
     # Q in registers frees the Q tile's buffer: 128 x 128 with 3 stages fits easily at D 128
     assert hp.smem_bytes(128, 128, 128, 3, q_in_regs=True)["total"] == 192 * 1024
     assert hp.smem_bytes(128, 128, 128, 3)["total"] == 224 * 1024
@@ -374,13 +374,14 @@ def test_hopper_configs_depend_on_causal():
         return [hp.config_label(c) for c in hop.keep_hopper_config(
             hop.HOPPER_CONFIGS, {"HEAD_DIM": d}, CAUSAL=causal)]
 
-    assert kept(64, True) == ["128x64 w4 s3"]  # the autotuner picked 64 x 64 wrongly
-    assert kept(64, False) == ["128x64 w4 s3", "64x64 w4 s3"]
-    assert kept(128, False)[0] == kept(128, True)[0] == "64x64 w4 s3 l-MMA"  # short sequences
-    assert kept(128, True) == ["64x64 w4 s3 l-MMA", "128x128 w8 s3"]
+    # one config per row since session 6: it won every paired point (hopper_pinned.json)
+    assert kept(64, True) == kept(64, False) == ["128x64 w4 s3 pinned"]
+    assert kept(128, False) == kept(128, True) == ["64x64 w4 s3 l-MMA pinned"]
     # CAUSAL may also come as a named argument, as the autotuner passes it
     assert [hp.config_label(c) for c in hop.keep_hopper_config(
-        hop.HOPPER_CONFIGS, {"HEAD_DIM": 64, "CAUSAL": True})] == ["128x64 w4 s3"]
+        hop.HOPPER_CONFIGS, {"HEAD_DIM": 64, "CAUSAL": True})] == ["128x64 w4 s3 pinned"]
+    # a row without a measured config falls back to the last config rather than to nothing
+    assert len(hop.keep_hopper_config(hop.HOPPER_CONFIGS[:2], {"HEAD_DIM": 64})) == 1
 
 
 def test_tile_idea_rows_from_the_stored_paired_runs():
@@ -443,12 +444,14 @@ def test_row_sums_on_the_tensor_cores_extreme_logits_and_blind_rows():
 @pytest.mark.parametrize("D, rowsum", [(64, False), (128, True)])
 def test_the_interpreter_runs_the_gpu_code_path(monkeypatch, D, rowsum):
     """flash_attn_v2's Hopper kernel in the interpreter takes the switches of the config the
-    GPU runs first (small tiles): at D 128 the row sums on the tensor cores."""
+    GPU runs first (small tiles): the pinned max, and at D 128 the row sums on the tensor
+    cores."""
     from course_lib import INTERPRET
     from course_lib.kernels.flash_v2 import flash_attn_v2
 
     first = hop.keep_hopper_config(hop.HOPPER_CONFIGS, {"HEAD_DIM": D})[0]
     assert first.kwargs["ROWSUM_MMA"] is rowsum and first.kwargs["Q_IN_REGS"]
+    assert first.kwargs["PINNED_MAX"]
     if not INTERPRET:
         pytest.skip("checks the interpreter's launch")
     seen = {}
@@ -465,6 +468,7 @@ def test_the_interpreter_runs_the_gpu_code_path(monkeypatch, D, rowsum):
     q, k, v = (fresh_randn(1, 2, 20, D, dtype=torch.float16) for _ in range(3))
     o = flash_attn_v2(q, k, v, causal=True, impl="hopper")
     assert seen["ROWSUM_MMA"] is rowsum and seen["Q_IN_REGS"] and seen["BLOCK_M"] == 32
+    assert seen["PINNED_MAX"]
     assert_close_2x(o, attention(q, k, v, causal=True),
                     attention_same_precision(q, k, v, causal=True), name="spied")
 
@@ -478,3 +482,100 @@ def test_rowsum_and_clock_rows_from_the_stored_runs():
     clocks = hp.clock_rows()
     assert {r["kernel"] for r in clocks} >= {"FA2", "flash_attn_v2"}
     assert all(600 < r["W"] < 720 and 1000 < r["SM MHz"] < 2000 for r in clocks)
+
+
+# ----------------------------------------------------------------------------- session 6: pinned max
+
+def _pinned_cfg(rowsum):
+    return hop._cfg(32, 16, 4, 2, True, rowsum, True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", [(1, 2, 2, 1, 1, 64), (1, 4, 2, 97, 130, 64),
+                                   (1, 2, 1, 130, 97, 128), (2, 2, 2, 17, 17, 32),
+                                   (1, 2, 2, 64, 16, 16)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("rowsum", [False, True], ids=["l-FADD", "l-MMA"])
+def test_pinned_max(shape, causal, dtype, rowsum):
+    """PINNED_MAX: every block after the first uses the first block's row max; O and the lse
+    within the 2x rule, on ragged, GQA and causal shapes (N_k 16 = one key block only)."""
+    B, H, H_kv, N_q, N_k, D = shape
+    q = fresh_randn(B, H, N_q, D, dtype=dtype)
+    k, v = (fresh_randn(B, H_kv, N_k, D, dtype=dtype) for _ in range(2))
+    out = (poison_(torch.empty(B, H, N_q, D, dtype=dtype, device=q.device)),
+           poison_(torch.empty(B, H, N_q, device=q.device)))
+    cfg = _pinned_cfg(rowsum)
+    assert hp.config_label(cfg) == "32x16 w4 s2" + (" l-MMA" if rowsum else "") + " pinned"
+    o, lse, _ = hp.launch_config("hopper", q, k, v, causal, cfg, out=out)
+    ref_o, ref_lse = attention(q, k, v, causal=causal, return_lse=True)
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    assert_close_2x(o, ref_o, attention_same_precision(q, k, v, causal=causal), name="O pinned")
+    u = 0.0 if dtype == torch.float32 or not rowsum else torch.finfo(dtype).eps / 2
+    assert_close_2x(lse, ref_lse, ref_lse, name="lse pinned", atol=1e-4 + u)
+
+
+def _spike(grow_log2, dtype):
+    """q, k, v whose keys after the first block score ``grow_log2`` (log2 units) above the
+    first block's: the first 16 keys score 0, the rest grow_log2 · ln 2 (sm_scale 1)."""
+    D = 16
+    q = torch.zeros(1, 1, 40, D, dtype=dtype, device=fresh_randn(1).device)
+    q[..., 0] = 1.0
+    k = torch.zeros(1, 1, 48, D, dtype=dtype, device=q.device)
+    k[:, :, 16:, 0] = grow_log2 * 0.6931471805599453
+    k[:, :, :, 1:] = fresh_randn(1, 1, 48, D - 1, dtype=dtype) * 1e-3
+    v = fresh_randn(1, 1, 48, D, dtype=dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("grow_log2", [14.0, 30.0, 200.0])
+@pytest.mark.parametrize("rowsum", [False, True], ids=["l-FADD", "l-MMA"])
+def test_pinned_max_when_later_keys_score_far_higher(grow_log2, dtype, rowsum):
+    """Later keys 2^14 above the pinned reference: P reaches 16384, still exact in fp16.
+    2^30 and 2^200: fp16 P (or fp32 P, at 2^200) overflows, the program sees inf in its
+    accumulator and runs again with the running max. Either way the answer is right."""
+    q, k, v = _spike(grow_log2, dtype)
+    out = (poison_(torch.empty_like(q)), poison_(torch.empty(1, 1, 40, device=q.device)))
+    o, lse, _ = hp.launch_config("hopper", q, k, v, False, _pinned_cfg(rowsum), sm_scale=1.0,
+                                 out=out)
+    ref_o, ref_lse = attention(q, k, v, sm_scale=1.0, return_lse=True)
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    assert_close_2x(o, ref_o, attention_same_precision(q, k, v, sm_scale=1.0), name="O spike")
+    u = 0.0 if dtype == torch.float32 or not rowsum else torch.finfo(dtype).eps / 2
+    torch.testing.assert_close(lse, ref_lse, atol=1e-4 + u, rtol=1e-5)
+
+
+def test_pinned_max_extreme_logits_and_blind_rows():
+    q = fresh_randn(1, 2, 50, 32, dtype=torch.float16)
+    k, v = (fresh_randn(1, 2, 40, 32, dtype=torch.float16) for _ in range(2))
+    o, lse, _ = hp.launch_config("hopper", q, k, v, True, _pinned_cfg(False), sm_scale=1e4)
+    assert torch.all(o[:, :, :10] == 0) and torch.all(torch.isinf(lse[:, :, :10]))
+    assert torch.isfinite(o).all() and torch.isfinite(lse[:, :, 10:]).all()
+    ref_o, ref_lse = attention(q, k, v, causal=True, sm_scale=1e4, return_lse=True)
+    assert_close_2x(o, ref_o, attention_same_precision(q, k, v, causal=True, sm_scale=1e4),
+                    name="O 1e4")
+    torch.testing.assert_close(lse[:, :, 10:], ref_lse[:, :, 10:], atol=1e-2, rtol=1e-5)
+
+
+def test_pinned_rows_timeline_and_mma_only_from_the_stored_runs():
+    data = hp.load_pinned()
+    assert data["environment"]["gpu"].startswith("NVIDIA H")
+    rows = hp.pinned_rows(data)
+    assert {r["idea"] for r in rows} == {i[0] for i in hp.PINNED_IDEAS}
+    for r in rows:
+        assert r["with / without"] == pytest.approx(r["with / FA2"] / r["without / FA2"])
+    # why the D 64 and D 128 rows of _HOPPER_KEEP pin the max: it won at every paired point
+    for idea in ("pinned max, 128 x 64 (D 64)", "pinned max + l on MMA, 64 x 64 (D 128)"):
+        gains = [r["with / without"] for r in rows if r["idea"] == idea]
+        assert len(gains) == 6 and min(gains) > 1.0
+    # the worst case: every program runs twice, a little less than half the speed
+    spike = hp.pinned_rows(data, spike=True)
+    assert spike and all(0.4 < r["with / without"] < 0.7 for r in spike)
+    # the stamps: the SM's two programs take turns in the softmax far more than chance would
+    tl_rows = hp.timeline_rows(data)
+    assert tl_rows and all(r["both in softmax"] < r["if independent"] for r in tl_rows)
+    # the MMAs alone are faster than the whole loop, and each part of the softmax costs
+    for r in hp.mma_only_rows(data):
+        assert r["MMAs only (P = S)"] > r["MMAs + exp2"] > r["full online softmax"]
+        assert r["torch matmul"] > r["MMAs only (P = S)"]

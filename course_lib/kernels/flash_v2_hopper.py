@@ -101,12 +101,48 @@ def _fwd_inner_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m, lo, hi, N_
 
 
 @triton.jit
+def _fwd_inner_pinned(acc, l_i, m_ref, q, desc_k, desc_v, b, h_kv, offs_m, lo, hi, N_K, q_offset,
+                      qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                      MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                      ROWSUM_MMA: tl.constexpr):
+    """A key range against a pinned reference ``m_ref`` (log2 domain): p = 2^(s - m_ref).
+
+    No running max, so no α and no rescaling of ``acc``: the P @ V product of one block is
+    only ever the accumulator of the next, and the compiler leaves it in flight while the next
+    block's QK^T and exponentials run. p may exceed 1; the caller checks for overflow.
+    """
+    offs_n0 = tl.arange(0, BLOCK_N)
+    ones = tl.full([BLOCK_N, ROWSUM_COLS], 1.0, q.dtype)
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        k = desc_k.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+        qk = tl.dot(q, k.T, input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
+        if MASKED:
+            offs_n = start_n + offs_n0
+            valid = offs_n[None, :] < N_K
+            if CAUSAL:
+                valid = valid & (offs_n[None, :] <= offs_m[:, None] + q_offset)
+            p = tl.math.exp2(tl.where(valid, qk * qk_scale - m_ref[:, None], float("-inf")))
+        else:
+            p = tl.math.exp2(qk * qk_scale - m_ref[:, None])
+        v = desc_v.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+        if ROWSUM_MMA:
+            p = p.to(q.dtype)
+            acc = tl.dot(p, v, acc, input_precision=DOT_PRECISION)
+            l_i = tl.dot(p, ones, l_i, input_precision=DOT_PRECISION)
+        else:
+            l_i += tl.sum(p, 1)
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+    return acc, l_i
+
+
+@triton.jit
 def _flash_fwd_v2_hopper_kernel(
     desc_q, desc_k, desc_v, desc_o, LSE,
     qk_scale, one, H, GROUP, N_Q, N_K, N_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, Q_IN_REGS: tl.constexpr = True,
-    ROWSUM_MMA: tl.constexpr = False,
+    ROWSUM_MMA: tl.constexpr = False, PINNED_MAX: tl.constexpr = False,
 ):
     pid_m, pid_bh, b, h, h_kv = _q_block_program(H, GROUP, CAUSAL)
     start_m = pid_m * BLOCK_M
@@ -127,12 +163,35 @@ def _flash_fwd_v2_hopper_kernel(
 
     lo_masked, hi = _causal_bounds(start_m, N_Q, N_K, CAUSAL, BLOCK_M, BLOCK_N)
     q_offset = N_K - N_Q
-    acc, m_i, l_i = _fwd_inner_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m,
-                                   0, lo_masked, N_K, q_offset, qk_scale,
-                                   HEAD_DIM, BLOCK_N, False, CAUSAL, DOT_PRECISION, ROWSUM_MMA)
-    acc, m_i, l_i = _fwd_inner_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m,
-                                   lo_masked, hi, N_K, q_offset, qk_scale,
-                                   HEAD_DIM, BLOCK_N, True, CAUSAL, DOT_PRECISION, ROWSUM_MMA)
+    redo = True
+    if PINNED_MAX:
+        # the first key block as usual; its row max becomes the reference for the rest
+        acc, m_i, l_i = _fwd_inner_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m,
+                                       0, tl.minimum(hi, BLOCK_N), N_K, q_offset, qk_scale,
+                                       HEAD_DIM, BLOCK_N, True, CAUSAL, DOT_PRECISION, ROWSUM_MMA)
+        m_i = tl.where(m_i == float("-inf"), 0.0, m_i)  # rows that see no key keep p = 0
+        acc, l_i = _fwd_inner_pinned(acc, l_i, m_i, q, desc_k, desc_v, b, h_kv, offs_m,
+                                     BLOCK_N, lo_masked, N_K, q_offset, qk_scale,
+                                     HEAD_DIM, BLOCK_N, False, CAUSAL, DOT_PRECISION, ROWSUM_MMA)
+        acc, l_i = _fwd_inner_pinned(acc, l_i, m_i, q, desc_k, desc_v, b, h_kv, offs_m,
+                                     tl.maximum(lo_masked, BLOCK_N), hi, N_K, q_offset, qk_scale,
+                                     HEAD_DIM, BLOCK_N, True, CAUSAL, DOT_PRECISION, ROWSUM_MMA)
+        # a later block whose max passed the reference by > 2^16 overflowed P (fp16: inf):
+        # then, and only then, this program runs again with the running max
+        redo = tl.max(tl.where(tl.abs(acc) < float("inf"), 0, 1)) > 0  # NaN fails the test too
+    if redo:
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        if ROWSUM_MMA:
+            l_i = tl.zeros([BLOCK_M, ROWSUM_COLS], tl.float32)
+        else:
+            l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        acc, m_i, l_i = _fwd_inner_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m,
+                                       0, lo_masked, N_K, q_offset, qk_scale,
+                                       HEAD_DIM, BLOCK_N, False, CAUSAL, DOT_PRECISION, ROWSUM_MMA)
+        acc, m_i, l_i = _fwd_inner_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m,
+                                       lo_masked, hi, N_K, q_offset, qk_scale,
+                                       HEAD_DIM, BLOCK_N, True, CAUSAL, DOT_PRECISION, ROWSUM_MMA)
     if ROWSUM_MMA:
         l_i = tl.max(l_i, 1)  # every column holds the same sums
 
@@ -150,9 +209,9 @@ def _set_block_shapes(nargs):
     nargs["desc_v"].block_shape = [1, 1, bn, d]
 
 
-def _cfg(bm, bn, warps, stages, q_in_regs=True, rowsum_mma=False):
+def _cfg(bm, bn, warps, stages, q_in_regs=True, rowsum_mma=False, pinned_max=False):
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "Q_IN_REGS": q_in_regs,
-                          "ROWSUM_MMA": rowsum_mma},
+                          "ROWSUM_MMA": rowsum_mma, "PINNED_MAX": pinned_max},
                          num_warps=warps, num_stages=stages, pre_hook=_set_block_shapes)
 
 
@@ -160,31 +219,30 @@ HOPPER_CONFIGS = [
     _cfg(128, 128, 8, 3), _cfg(128, 128, 8, 3, False), _cfg(128, 128, 8, 2),
     _cfg(128, 128, 8, 2, False), _cfg(128, 64, 4, 3), _cfg(128, 64, 4, 3, False),
     _cfg(128, 64, 4, 4), _cfg(64, 64, 4, 3), _cfg(64, 64, 4, 3, True, True),
-    _cfg(64, 64, 4, 2, False),
+    _cfg(64, 64, 4, 2, False), _cfg(128, 64, 4, 3, True, False, True),
+    _cfg(64, 64, 4, 3, True, True, True), _cfg(128, 128, 8, 3, True, False, True),
+    _cfg(64, 64, 4, 2, False, False, True),
 ]
-# Which configs each (head dim, causal) tries, by (BLOCK_M, BLOCK_N, warps, stages, Q_IN_REGS,
-# ROWSUM_MMA);
-# the first is the fixed config of short sequences. Few candidates on purpose: the autotuner
-# times each once, and single runs of one config vary by up to 5-10% on the lent H100, so a
-# long list often crowns a lucky one. The lists come from paired measurements (every round: SDPA
-# FLASH, each config, FLASH again; 5 to 9 rounds; course_lib/data/hopper_tiles.json):
-# * D 128: 64 x 64 tiles (4 warps) beat 128 x 128 (8 warps) at N 1k-8k by 7-25%, and are even
-#   at 16k. Two small programs share an SM (~100 KiB of shared memory each), so one program's
-#   softmax, loads and epilogue overlap the other's MMA; a 128 x 128 program has its SM alone.
-# * D 64 causal: 128 x 64 beats 64 x 64 by 1-4% at every N; the autotuner, timing each once,
-#   picked 64 x 64 at all three lengths of one sweep, so causal D 64 keeps only 128 x 64.
-# * Q in registers gains 2-10% at D 64 and nothing at D 128 (hopper_q_in_regs.json); 128-wide
-#   key tiles lose at D 64 (309 against 423 TFLOP/s).
-# * Row sums on the tensor cores (ROWSUM_MMA, session 5, hopper_rowsum.json): with 64 x 64 tiles
-#   at D 128, +3.5% on average over 12 paired points (-2 to +9%); with 128 x 128 tiles, and at
-#   D 64 where the extra MMA is a quarter of the P @ V work, it loses or ties.
+# Which config each (head dim, causal) runs, as (BLOCK_M, BLOCK_N, warps, stages, Q_IN_REGS,
+# ROWSUM_MMA, PINNED_MAX). One per row since session 6: in paired measurements (every round
+# SDPA FLASH, each config, FLASH again; 5 to 9 rounds; course_lib/data/hopper_tiles.json,
+# hopper_rowsum.json, hopper_pinned.json) it beat every other candidate at every N of the
+# benchmark, and the autotuner, timing each candidate once, sometimes crowned a loser:
+# * D 64: 128 x 64 tiles (two programs per SM), Q in registers, pinned max: +11-16% over the
+#   same tiles with the running max. 64 x 64 tiles lost 1-4% causal, 128-wide key tiles lost
+#   at D 64 (309 against 423 TFLOP/s), row sums on the tensor cores tied.
+# * D 128: 64 x 64 tiles (4 warps) beat 128 x 128 (8 warps) at N 1k-8k by 7-25% and are even at
+#   16k (two small programs share an SM, so one's softmax overlaps the other's MMA); row sums on
+#   the tensor cores +3.5% (12 paired points); pinned max another +5-13%.
+# * D 256: 64 x 64 tiles, 2 stages, Q in shared memory (the only fit); pinned max +2-5%.
+# * Q in registers gains 2-10% at D 64 and nothing at D 128 (hopper_q_in_regs.json).
 _HOPPER_KEEP = {
-    (64, False): [(128, 64, 4, 3, True, False), (64, 64, 4, 3, True, False)],
-    (64, True): [(128, 64, 4, 3, True, False)],
-    (128, False): [(64, 64, 4, 3, True, True), (128, 128, 8, 3, True, False)],
-    (128, True): [(64, 64, 4, 3, True, True), (128, 128, 8, 3, True, False)],
-    (256, False): [(64, 64, 4, 2, False, False)],
-    (256, True): [(64, 64, 4, 2, False, False)],
+    (64, False): [(128, 64, 4, 3, True, False, True)],
+    (64, True): [(128, 64, 4, 3, True, False, True)],
+    (128, False): [(64, 64, 4, 3, True, True, True)],
+    (128, True): [(64, 64, 4, 3, True, True, True)],
+    (256, False): [(64, 64, 4, 2, False, False, True)],
+    (256, True): [(64, 64, 4, 2, False, False, True)],
 }
 
 
@@ -208,7 +266,8 @@ def keep_hopper_config(configs, named_args, **kwargs):
 
     def shape(c):
         return (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages,
-                c.kwargs["Q_IN_REGS"], c.kwargs.get("ROWSUM_MMA", False))
+                c.kwargs["Q_IN_REGS"], c.kwargs.get("ROWSUM_MMA", False),
+                c.kwargs.get("PINNED_MAX", False))
 
     kept = sorted((c for c in configs if shape(c) in wanted), key=lambda c: wanted.index(shape(c)))
     return kept or configs[-1:]

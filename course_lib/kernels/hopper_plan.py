@@ -61,12 +61,15 @@ def max_stages(BLOCK_M: int, BLOCK_N: int, D: int, budget_bytes: int, elem_bytes
 
 def config_label(cfg) -> str:
     """"128x64 w4 s3": tile shape, warps, stages; " Q smem" where Q is not held in registers,
-    " l-MMA" where the tensor cores sum the rows of P (``ROWSUM_MMA``)."""
+    " l-MMA" where the tensor cores sum the rows of P (``ROWSUM_MMA``), " pinned" where the
+    first key block's row max stays the reference (``PINNED_MAX``)."""
     k = cfg.kwargs
     label = f"{k['BLOCK_M']}x{k['BLOCK_N']} w{cfg.num_warps} s{cfg.num_stages}"
     if not k.get("Q_IN_REGS", True):
         label += " Q smem"
-    return label + " l-MMA" if k.get("ROWSUM_MMA", False) else label
+    if k.get("ROWSUM_MMA", False):
+        label += " l-MMA"
+    return label + " pinned" if k.get("PINNED_MAX", False) else label
 
 
 def config_rows(configs=None, head_dims=(64, 128, 256), gpu: str | GPUSpec = "H100-SXM",
@@ -345,6 +348,7 @@ def launch_config(impl: str, q, k, v, causal: bool, config, sm_scale: float | No
     if impl == "portable":  # Hopper-only switches mean nothing to the portable kernel
         blocks.pop("Q_IN_REGS", None)
         blocks.pop("ROWSUM_MMA", None)
+        blocks.pop("PINNED_MAX", None)
     meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": v2.dot_precision(q.dtype),
             **blocks, "num_warps": config.num_warps, "num_stages": config.num_stages}
     grid_ = grid(B, H, N_Q, config.kwargs["BLOCK_M"])  # the wrappers' grid, Q blocks on axis 0
@@ -579,3 +583,83 @@ def clock_rows(data: dict | None = None) -> list[dict]:
                          "kernel": s["variant"], "TFLOP/s": s["tflops"], "SM MHz": s["sm_mhz"],
                          "W": s["power_w"], "TFLOP/s per GHz": s["tflops"] / s["sm_mhz"] * 1e3})
     return rows
+
+
+# --------------------------------------------------------------------------- session 6: pinned max
+HOPPER_PINNED = HOPPER_IDEAS.with_name("hopper_pinned.json")
+
+PINNED_IDEAS = [
+    # (idea, run, D, variant with the idea, the same without it)
+    ("pinned max, 128 x 64 (D 64)", "pinned", 64, "128x64w4s3 pinned", "128x64w4s3"),
+    ("pinned max + l on MMA, 64 x 64 (D 128)", "pinned", 128, "64x64w4s3 l-MMA pinned",
+     "64x64w4s3 l-MMA"),
+    ("pinned max, 128 x 128 w8 (D 128)", "pinned", 128, "128x128w8s3 pinned", "128x128w8s3"),
+    ("pinned max, 64 x 64 Q smem (D 256)", "pinned_d256", 256, "64x64w4s2 Qsmem pinned",
+     "64x64w4s2 Qsmem"),
+    ("64 x 128 tiles instead of 128 x 64 (D 64)", "tiles_64x128", 64, "64x128w4s3", "128x64w4s3"),
+    ("64 x 128 tiles, 3 programs per SM (2 stages, D 64)", "tiles_64x128", 64, "64x128w4s2",
+     "128x64w4s3"),
+]
+
+
+def load_pinned() -> dict:
+    """Session 6's stored measurements (``hopper_pinned.json``)."""
+    return _load_json(HOPPER_PINNED)
+
+
+def pinned_rows(data: dict | None = None, spike: bool = False) -> list[dict]:
+    """Per idea and shape: with / without, as paired ratios to SDPA FLASH in the same rounds.
+    ``spike=True``: the worst case, where every row's later keys pass the pinned max by far and
+    every program runs a second time with the running max."""
+    data = load_pinned() if data is None else data
+    rows = []
+    for idea, run, D, with_, without in PINNED_IDEAS:
+        recs = [r for r in data["runs"][run]["paired"] if r.get("spike", False) == spike]
+        for r, v in _paired_gains(recs, D, with_, without):
+            rows.append({"idea": idea, "D": D, "causal": r["causal"], "N": r["N"],
+                         "with / FA2": v[with_]["ratio"], "without / FA2": v[without]["ratio"],
+                         "with / without": v[with_]["ratio"] / v[without]["ratio"],
+                         "TFLOP/s with": v[with_]["tflops"]})
+    return rows
+
+
+def timeline_rows(data: dict | None = None) -> list[dict]:
+    """Where a program's time goes, from the %clock64 stamps of the instrumented kernel
+    (SM clocks, medians over all programs): per key block, the softmax (from the row max to P
+    ready) and the wait from P ready to the next S (P @ V, the next QK^T and the max);
+    ``both in softmax`` is how often the SM's other program is in its softmax while this one
+    is, against ``if independent`` (the softmax's share of the time)."""
+    data = load_pinned() if data is None else data
+    rows = []
+    for r in data["timeline"]:
+        rows.append({"kernel": r["name"], "block clk": r["block_clk(S ready -> next S ready)"],
+                     "max clk": r["max_clk(S ready -> max done)"],
+                     "softmax clk": r["softmax_clk"],
+                     "P ready -> next S clk": r["mma_clk(P ready -> next S ready)"],
+                     "prologue clk": r["prologue_clk(t0->S0 ready)"],
+                     "epilogue clk": r["epilogue_clk(last P->end)"],
+                     "both in softmax": r["both_in_softmax_given_one"],
+                     "if independent": r["if_independent"],
+                     "TFLOP/s (stamped)": r["tflops_instrumented"],
+                     "TFLOP/s (plain)": r["tflops_plain"]})
+    return rows
+
+
+MMA_ONLY_MODES = {0: "full online softmax", 1: "MMAs only (P = S)", 2: "MMAs + exp2",
+                  3: "MMAs + exp2 + row sums"}
+
+
+def mma_only_rows(data: dict | None = None) -> list[dict]:
+    """The loop with parts of the softmax taken out (TFLOP/s counted as 4·N²·D per head):
+    what the MMAs alone reach with these tiles, and what each part of the softmax costs."""
+    data = load_pinned() if data is None else data
+    rows = {}
+    for r in data["mma_only"]:
+        if "mode" not in r:
+            continue
+        row = rows.setdefault((r["D"], r["cfg"]), {"D": r["D"], "config": r["cfg"]})
+        row[MMA_ONLY_MODES[r["mode"]]] = r["tflops"]
+    matmul = {r["D"]: r["tflops"] for r in data["mma_only"] if "mode" not in r}
+    for row in rows.values():
+        row["torch matmul"] = matmul.get(row["D"])
+    return list(rows.values())

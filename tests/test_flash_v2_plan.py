@@ -484,7 +484,7 @@ def test_rowsum_and_clock_rows_from_the_stored_runs():
     assert all(600 < r["W"] < 720 and 1000 < r["SM MHz"] < 2000 for r in clocks)
 
 
-# ----------------------------------------------------------------------------- session 6: pinned max
+# ------------------------------------------------------------------------- session 6: pinned max
 
 def _pinned_cfg(rowsum):
     return hop._cfg(32, 16, 4, 2, True, rowsum, True)

@@ -300,6 +300,8 @@ def _tflops(result: dict, D: int, causal: bool, N: int, provider: str) -> float:
 
 def facts() -> dict[str, Fact]:
     """Every number the decks quote, computed now from course_lib and course_lib/data."""
+    import statistics
+
     import numpy as np
 
     from course_lib import hardware, kvcache, roofline, softmax_cost
@@ -312,7 +314,7 @@ def facts() -> dict[str, Fact]:
     from course_lib.iomodel.matmul import largest_square_tile
     from course_lib.kernels import flash_v1
     from course_lib.kernels.flash_v2_plan import kv_reuse, normalisation_ops
-    from course_lib.kernels.hopper_plan import load_probe, score_costs
+    from course_lib.kernels.hopper_plan import load_probe, pinned_rows, score_costs
     from course_lib.kernels.matmul import panels_touched
 
     f: dict[str, Fact] = {}
@@ -441,11 +443,26 @@ def facts() -> dict[str, Fact]:
             "fwd_128_16k_fa2": (128, False, 16384, "sdpa-FLASH_ATTENTION"),
             "fwd_128_16k_cudnn": (128, False, 16384, "sdpa-CUDNN_ATTENTION"),
             "fwd_128_16k_v1": (128, False, 16384, "v1"),
+            "fwd_64_16k_hopper": (64, False, 16384, "v2-hopper"),
             "fwd_64_16k_portable": (64, False, 16384, "v2-portable"),
             "fwd_64_16k_fa2": (64, False, 16384, "sdpa-FLASH_ATTENTION"),
             "fwd_64_16k_cudnn": (64, False, 16384, "sdpa-CUDNN_ATTENTION")}.items():
         add(key, f"{_tflops(fwd, D, causal, N, prov):.0f}", "05_triton_flash",
             f"data/attention_fwd.json D={D} causal={causal} N={N} {prov}")
+    ratios = [_tflops(fwd, D, c, N, "v2-hopper") / _tflops(fwd, D, c, N, "sdpa-FLASH_ATTENTION")
+              for D in (64, 128) for c in (False, True) for N in (4096, 8192, 16384)]
+    add("fwd_fa2_ratio_min", f"{min(ratios):.2f}", "05_triton_flash",
+        "data/attention_fwd.json: v2-hopper / FA2, D 64 and 128, N >= 4k, lowest")
+    add("fwd_fa2_ratio_max", f"{max(ratios):.2f}", "05_triton_flash",
+        "data/attention_fwd.json: v2-hopper / FA2, D 64 and 128, N >= 4k, highest")
+    pinned = pinned_rows()
+    for key, idea in (("pinned_gain_64", "pinned max, 128 x 64 (D 64)"),
+                      ("pinned_gain_128", "pinned max + l on MMA, 64 x 64 (D 128)")):
+        med = statistics.median(r["with / without"] for r in pinned if r["idea"] == idea)
+        add(key, f"+{med - 1:.0%}", "05_triton_flash", f"hopper_plan.pinned_rows: {idea}, median")
+    worst = [r["with / without"] for r in pinned_rows(spike=True)]
+    add("pinned_worst", f"{min(worst):.2f}", "05_triton_flash",
+        "hopper_plan.pinned_rows(spike=True): every program reruns, lowest")
     costs = {d: score_costs(d) for d in (64, 128)}
     add("ceiling_64", f"{costs[64]['serial_tflops']:.0f}", "05_triton_flash",
         "hopper_plan.score_costs(64): no overlap")

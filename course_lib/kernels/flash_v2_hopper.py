@@ -25,26 +25,35 @@ changes is how tiles reach shared memory and how deep the pipeline runs:
    score element leaves the loop (313 instead of 337 SASS instructions per thread and key block)
    for 1/16 more MMA work. P enters the MMA rounded to fp16/bf16, so O is divided by exactly the
    weights that multiplied V, and the lse is off by at most the unit roundoff (``lse_rounding``).
+6. **Pinned max** (``PINNED_MAX``, every kept config). The first key block runs the usual
+   online-softmax step; its row max then stays the reference for the rest of the row:
+   p = 2^(s - m0). The result does not depend on the reference, and fp16 holds P up to 65504,
+   so this is exact while no later score passes m0 by 16 (log2 units). No row-max reduction,
+   no α and no rescaling of O per block (349 instead of 509 SASS instructions per thread and
+   key block at D 64). A later score past that bound makes P inf, the accumulator inf or NaN;
+   the program checks once after its loop and runs again with the running max.
 
 Strided inputs work as long as the last dim is contiguous and the other strides are multiples
 of 16 bytes (TMA's rule); otherwise ``flash_attn_v2`` falls back to the portable kernel.
 The kernel also runs in Triton's interpreter (descriptors are emulated), so CPU tests cover it;
-there it runs the same switches (Q_IN_REGS, ROWSUM_MMA) as the GPU's first config, with small tiles.
+there it runs the same switches (Q_IN_REGS, ROWSUM_MMA, PINNED_MAX) as the GPU's first config,
+with small tiles.
 
 Measured speed (NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22;
-fp16 forward; course_lib/data/attention_fwd.json, fifth sweep, 5 interleaved rounds), TFLOP/s
-and ratio to SDPA FLASH_ATTENTION at N 4k / 8k / 16k: D 64 non-causal 416 / 435 / 440
-(1.37 / 1.41 / 1.42), causal 377 / 412 / 416 (1.35 / 1.37 / 1.36); D 128 non-causal
-481 / 495 / 507 (1.42 / 1.43 / 1.46), causal 440 / 462 / 494 (1.44 / 1.44 / 1.50).
-Q in registers, same fixed config with and without (course_lib/data/hopper_q_in_regs.json, 5
-interleaved rounds): x1.02-1.10 at D 64, x0.97-1.05 at D 128. At D 64 TMA pays only with 64-wide
-key tiles, so the filter keeps those there and ``flash_attn_v2`` picks this kernel from D 64 up.
-At D 128, 64 x 64 tiles with 4 warps beat 128 x 128 with 8 warps by 7-25% up to N 8k (paired
-runs, course_lib/data/hopper_tiles.json): two such programs share an SM and overlap each other's
-softmax, loads and epilogue with their MMAs. Row sums on the tensor cores: +3.2% median over 12
-paired points with 64 x 64 tiles at D 128 (-2 to +9%); -2% with 128 x 128 tiles and at D 64
-(course_lib/data/hopper_rowsum.json). Every kernel measured there ran at the board's 700 W power
-cap (nvidia-smi: "SW power cap"), this one at 1450-1830 MHz, FA2 at 1670-1840 MHz.
+fp16 forward; course_lib/data/attention_fwd.json, sixth sweep, 5 interleaved rounds), TFLOP/s
+and ratio to SDPA FLASH_ATTENTION at N 4k / 8k / 16k: D 64 non-causal 489 / 504 / 515
+(1.58 / 1.62 / 1.64), causal 417 / 465 / 468 (1.47 / 1.55 / 1.51); D 128 non-causal
+536 / 558 / 554 (1.58 / 1.63 / 1.60), causal 471 / 506 / 553 (1.53 / 1.56 / 1.67). Against
+SDPA CUDNN_ATTENTION: 1.04-1.17 at D 64, 0.93-1.02 at D 128.
+What each change bought, as paired ratios (every round SDPA FLASH, the variant, FLASH again):
+Q in registers x1.02-1.10 at D 64, x0.97-1.05 at D 128 (hopper_q_in_regs.json). At D 64 TMA pays
+only with 64-wide key tiles. At D 128, 64 x 64 tiles with 4 warps beat 128 x 128 with 8 warps by
+7-25% up to N 8k (hopper_tiles.json): two such programs share an SM and overlap each other's
+softmax with their MMAs. Row sums on the tensor cores: +3.2% median with 64 x 64 tiles at D 128
+(hopper_rowsum.json). Pinned max: +11.6% median at D 64 (6 points, +10.7 to +17.1%), +9.3% at
+D 128 (64 x 64, l-MMA), +3.5% at D 256; the worst case, where every program runs twice, 0.50-0.55x
+(hopper_pinned.json). Every kernel measured ran at the board's 700 W power cap (nvidia-smi:
+"SW power cap").
 """
 from __future__ import annotations
 
@@ -107,9 +116,10 @@ def _fwd_inner_pinned(acc, l_i, m_ref, q, desc_k, desc_v, b, h_kv, offs_m, lo, h
                       ROWSUM_MMA: tl.constexpr):
     """A key range against a pinned reference ``m_ref`` (log2 domain): p = 2^(s - m_ref).
 
-    No running max, so no α and no rescaling of ``acc``: the P @ V product of one block is
-    only ever the accumulator of the next, and the compiler leaves it in flight while the next
-    block's QK^T and exponentials run. p may exceed 1; the caller checks for overflow.
+    No running max, so no row-max reduction before the exponentials, no α and no rescaling of
+    ``acc``: the exponentials start as soon as S arrives, P @ V is issued as soon as P is ready,
+    and the row sums run while it does. p may exceed 1 (up to 2^16 in fp16); the caller checks
+    for overflow.
     """
     offs_n0 = tl.arange(0, BLOCK_N)
     ones = tl.full([BLOCK_N, ROWSUM_COLS], 1.0, q.dtype)

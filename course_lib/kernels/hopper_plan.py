@@ -380,7 +380,8 @@ def autotune_bucket(N_q: int, N_k: int) -> int:
 
 FIGURES = {"09_hopper_smem_per_stage": plot_smem_per_stage,
            "09_softmax_mma_ceiling": plot_ceiling,
-           "09_probe1_tflops": _probe_figure}
+           "09_probe1_tflops": _probe_figure,
+           "09_two_programs_timeline": lambda: plot_block_timeline()}
 """The figures this module draws: image stem (images/<stem>.png) -> a function returning it."""
 
 __all__ = ["FP32_PER_SM_CYCLE", "MUFU_PER_SM_CYCLE", "PERF_NOTES", "autotune_bucket",
@@ -638,6 +639,8 @@ def timeline_rows(data: dict | None = None) -> list[dict]:
                      "P ready -> next S clk": r["mma_clk(P ready -> next S ready)"],
                      "prologue clk": r["prologue_clk(t0->S0 ready)"],
                      "epilogue clk": r["epilogue_clk(last P->end)"],
+                     "other in softmax during wait": r["other_softmax_within_wait_clk"],
+                     "other waiting during wait": r["other_wait_within_wait_clk"],
                      "both in softmax": r["both_in_softmax_given_one"],
                      "if independent": r["if_independent"],
                      "TFLOP/s (stamped)": r["tflops_instrumented"],
@@ -663,3 +666,39 @@ def mma_only_rows(data: dict | None = None) -> list[dict]:
     for row in rows.values():
         row["torch matmul"] = matmul.get(row["D"])
     return list(rows.values())
+
+
+def plot_block_timeline(data: dict | None = None):
+    """Two programs sharing one SM, six key blocks each (D 64, 128 x 64 tiles, the running max):
+    the row max, the softmax, and the wait for P @ V, the next QK^T and its arrival, from the
+    %clock64 stamps of ``hopper_pinned.json``. None where the data is missing."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    data = load_pinned() if data is None else data
+    ex = data.get("timeline_excerpt")
+    if not ex:
+        return None
+    mma = 2 * (2 * 128 * 64 * 64) / 4096  # both MMAs of a 128 x 64 block at D 64, SM cycles
+    fig = Figure(figsize=(10, 2.6), layout="constrained")
+    ax = fig.subplots()
+    colors = {"max": "tab:orange", "softmax": "tab:red", "wait": "0.85"}
+    for row, blocks in enumerate(ex["programs"]):
+        y = 1 - row
+        for j, (ta, tb, tc) in enumerate(blocks):
+            ax.barh(y, tb - ta, left=ta, height=0.5, color=colors["max"])
+            ax.barh(y, tc - tb, left=tb, height=0.5, color=colors["softmax"])
+            if j + 1 < len(blocks):
+                nxt = blocks[j + 1][0]
+                ax.barh(y, nxt - tc, left=tc, height=0.5, color=colors["wait"])
+                ax.plot([tc, tc + mma], [y - 0.32, y - 0.32], color="tab:green", lw=3)
+    ax.set_yticks([1, 0], ["program A", "program B"])
+    ax.set_xlabel("SM clock cycles")
+    ax.legend(handles=[Patch(color=colors["max"], label="row max"),
+                       Patch(color=colors["softmax"], label="exp2, row sums (P ready)"),
+                       Patch(color=colors["wait"], label="P @ V, next QK^T, waiting"),
+                       Patch(color="tab:green", label="the block's MMA work (512 cycles)")],
+              fontsize=8, ncols=4, loc="upper center", bbox_to_anchor=(0.5, -0.35))
+    ax.set_title(f"Two programs on one SM, {ex['kernel']}: %clock64 stamps per key block",
+                 fontsize=10)
+    return fig

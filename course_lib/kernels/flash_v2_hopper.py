@@ -78,34 +78,54 @@ ROWSUM_COLS = tl.constexpr(16)  # width of the ones tile of ROWSUM_MMA: the narr
 
 
 @triton.jit
+def _key_block_scores(q, desc_k, b, h_kv, start_n, offs_m, N_K, q_offset,
+                      HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                      DOT_PRECISION: tl.constexpr):
+    """S = Q K_j^T for the key block at ``start_n``, and which of its entries count (keys past
+    N_K, and with CAUSAL keys after the query, do not)."""
+    k = desc_k.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+    qk = tl.dot(q, k.T, input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    valid = offs_n[None, :] < N_K
+    if CAUSAL:
+        valid = valid & (offs_n[None, :] <= offs_m[:, None] + q_offset)
+    return qk, valid
+
+
+@triton.jit
+def _accumulate_pv(acc, l_i, p, desc_v, b, h_kv, start_n, ones, HEAD_DIM: tl.constexpr,
+                   BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, ROWSUM_MMA: tl.constexpr):
+    """acc += P V_j, with P rounded to V's dtype. With ROWSUM_MMA the same P gives the row
+    sums on the tensor cores too: l += P @ ones."""
+    v = desc_v.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
+    p = p.to(v.dtype)
+    acc = tl.dot(p, v, acc, input_precision=DOT_PRECISION)
+    if ROWSUM_MMA:
+        l_i = tl.dot(p, ones, l_i, input_precision=DOT_PRECISION)  # row sums of P
+    return acc, l_i
+
+
+@triton.jit
 def _fwd_inner_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m, lo, hi, N_K, q_offset,
                    qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    ROWSUM_MMA: tl.constexpr):
-    """One key range of the loop. With ROWSUM_MMA, ``l_i`` is a (BLOCK_M, ROWSUM_COLS) tile
-    whose columns all hold the row sums, accumulated by the tensor cores as P @ ones."""
-    offs_n0 = tl.arange(0, BLOCK_N)
+    """One key range of the loop, with the running max. With ROWSUM_MMA, ``l_i`` is a
+    (BLOCK_M, ROWSUM_COLS) tile whose columns all hold the row sums, accumulated by the tensor
+    cores as P @ ones."""
     ones = tl.full([BLOCK_N, ROWSUM_COLS], 1.0, q.dtype)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        k = desc_k.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
-        qk = tl.dot(q, k.T, input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
-        offs_n = start_n + offs_n0
-        valid = offs_n[None, :] < N_K
-        if CAUSAL:
-            valid = valid & (offs_n[None, :] <= offs_m[:, None] + q_offset)
+        qk, valid = _key_block_scores(q, desc_k, b, h_kv, start_n, offs_m, N_K, q_offset,
+                                      HEAD_DIM, BLOCK_N, CAUSAL, DOT_PRECISION)
         if ROWSUM_MMA:
             p, alpha, m_i = _softmax_scores(qk, m_i, valid, qk_scale, MASKED)
             acc = acc * alpha[:, None]
             l_i = l_i * alpha[:, None]
-            v = desc_v.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
-            p = p.to(v.dtype)
-            acc = tl.dot(p, v, acc, input_precision=DOT_PRECISION)
-            l_i = tl.dot(p, ones, l_i, input_precision=DOT_PRECISION)  # row sums of P
         else:
             p, m_i, l_i, acc = _online_softmax_step(qk, m_i, l_i, acc, valid, qk_scale, MASKED)
-            v = desc_v.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        acc, l_i = _accumulate_pv(acc, l_i, p, desc_v, b, h_kv, start_n, ones, HEAD_DIM, BLOCK_N,
+                                  DOT_PRECISION, ROWSUM_MMA)
     return acc, m_i, l_i
 
 
@@ -121,28 +141,19 @@ def _fwd_inner_pinned(acc, l_i, m_ref, q, desc_k, desc_v, b, h_kv, offs_m, lo, h
     and the row sums run while it does. p may exceed 1 (up to 2^16 in fp16); the caller checks
     for overflow.
     """
-    offs_n0 = tl.arange(0, BLOCK_N)
     ones = tl.full([BLOCK_N, ROWSUM_COLS], 1.0, q.dtype)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        k = desc_k.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
-        qk = tl.dot(q, k.T, input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
+        qk, valid = _key_block_scores(q, desc_k, b, h_kv, start_n, offs_m, N_K, q_offset,
+                                      HEAD_DIM, BLOCK_N, CAUSAL, DOT_PRECISION)
         if MASKED:
-            offs_n = start_n + offs_n0
-            valid = offs_n[None, :] < N_K
-            if CAUSAL:
-                valid = valid & (offs_n[None, :] <= offs_m[:, None] + q_offset)
             p = tl.math.exp2(tl.where(valid, qk * qk_scale - m_ref[:, None], float("-inf")))
         else:
             p = tl.math.exp2(qk * qk_scale - m_ref[:, None])
-        v = desc_v.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
-        if ROWSUM_MMA:
-            p = p.to(q.dtype)
-            acc = tl.dot(p, v, acc, input_precision=DOT_PRECISION)
-            l_i = tl.dot(p, ones, l_i, input_precision=DOT_PRECISION)
-        else:
+        if not ROWSUM_MMA:
             l_i += tl.sum(p, 1)
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        acc, l_i = _accumulate_pv(acc, l_i, p, desc_v, b, h_kv, start_n, ones, HEAD_DIM, BLOCK_N,
+                                  DOT_PRECISION, ROWSUM_MMA)
     return acc, l_i
 
 

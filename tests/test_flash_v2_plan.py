@@ -369,7 +369,7 @@ def test_bench_hopper_providers_run_the_configs():
 
 # ----------------------------------------------------------------------------- session 4 tiles
 
-def test_hopper_configs_depend_on_causal():
+def test_hopper_configs_per_head_dim():
     def kept(d, causal):
         return [hp.config_label(c) for c in hop.keep_hopper_config(
             hop.HOPPER_CONFIGS, {"HEAD_DIM": d}, CAUSAL=causal)]
@@ -405,8 +405,7 @@ def test_tile_idea_rows_from_the_stored_paired_runs():
 
 # ----------------------------------------------------------------------------- session 5: l on MMA
 
-_LMMA_CFG = triton.Config({"BLOCK_M": 32, "BLOCK_N": 16, "Q_IN_REGS": True, "ROWSUM_MMA": True},
-                          num_warps=4, num_stages=2)
+_LMMA_CFG = hop._cfg(32, 16, 4, 2, True, True)
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("shape", [(1, 2, 2, 1, 1, 64), (1, 4, 2, 97, 130, 64),

@@ -1,9 +1,9 @@
-"""Every figure of the course, regenerated into images/ by one command.
+"""Every figure of the course, regenerated into images/ by one command, and checked on any CPU.
 
-    python -m course_lib.figures              # (re)write images/<stem>.png
-    python -m course_lib.figures --check      # regenerate into a temporary folder, compare bytes
+    python -m course_lib.figures              # (re)write images/<stem>.png and the manifest
+    python -m course_lib.figures --check      # draw every figure afresh and compare
     python -m course_lib.figures --list       # every stem and the module that draws it
-    python -m course_lib.figures STEM ...     # only these (no manifest is written)
+    python -m course_lib.figures STEM ...     # only these (the manifest keeps the others)
 
 The notebooks and the slides (slides/*.md, slides/zh/*.md) use these files. Each module listed in
 ``MODULES`` keeps a dict ``FIGURES = {"stem": fn}``; ``fn()`` returns a matplotlib Figure, or None
@@ -11,13 +11,25 @@ where the data it draws (a stored GPU measurement in course_lib/data/) is missin
 skipped and reported. The measured figures are drawn from the stored benchmark JSON, never from a
 live run, so this command needs no GPU and gives the same pictures everywhere.
 
-Determinism. The Agg backend draws with the DejaVu Sans font bundled with matplotlib, at a fixed
-dpi; PNGs are saved without the "Software" text chunk (which names the matplotlib version), and
-matplotlib writes no date into a PNG. Two runs in the same environment give byte-identical files
-(tests/test_figures.py checks it). The one documented exception: bytes depend on the versions of
-matplotlib, its FreeType and NumPy, so ``images/MANIFEST.json`` records those versions with each
-file's SHA-256, and ``--check`` compares bytes with a fresh render only where the versions are the
-same; elsewhere it says so and checks that every file exists and matches the manifest.
+What the check compares. Not bytes: the last bits of a computed number depend on which SIMD code
+paths a CPU takes (torch's ATen kernels, NumPy's loops, BLAS), and anti-aliased pixels follow.
+``images/MANIFEST.json`` keeps, per figure, the SHA-256 of its PNG and its *content*: every text
+the figure shows, exactly, and every drawn line, bar, marker and image in axes coordinates
+(``figure_content``). ``--check`` draws each figure afresh and
+
+* compares content (any environment): a changed text, a curve moved by more than a tenth of a
+  pixel, a changed colour fails; data that is not shown (a value of 1e-16 on a linear axis)
+  does not. A figure that *shows* rounding noise (1e-16 against 2e-16 on a log axis, or printed
+  in a label) fails on some CPU: show a bound instead (``course_lib.testing.below``);
+* compares pixels as an eye would (where matplotlib and FreeType are the versions the images
+  were made with; they draw text differently otherwise): a pixel differs when no pixel within
+  one of it in the other image is within 10% in every channel;
+* checks that every PNG in images/ is the one its manifest names.
+
+tests/test_figures.py runs the check in this process, under ``ATEN_CPU_CAPABILITY=default``,
+with NumPy's SIMD extensions off and with one thread against several, and shows that it fails
+on a deliberately changed figure. PNGs are saved without the "Software" text chunk, and
+matplotlib writes no date into a PNG: two runs on one machine give byte-identical files.
 """
 from __future__ import annotations
 
@@ -26,7 +38,6 @@ import hashlib
 import importlib
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -101,8 +112,262 @@ def collect(modules=MODULES) -> dict:
     return found
 
 
-def figure_png(fn) -> bytes | None:
-    """Draw ``fn()`` and return its PNG bytes (None where ``fn`` returns None).
+# ------------------------------------------------------------------------------------------
+# What a figure says: its texts and its drawn geometry, at the precision a reader can see
+# ------------------------------------------------------------------------------------------
+
+#: Geometry is compared in axes coordinates (0..1 across an axes), where 1e-4 is a tenth of a
+#: pixel on a 1000-pixel axes: below what anyone can see, far above rounding noise in data that
+#: is *not* shown (a curve at 1e-16 on a linear axis), and far below a changed curve. Noise
+#: that a figure *shows* (a bar at 2.2e-16 against 4.4e-16 on a log axis) moves by whole
+#: pixels and fails the check, as it should: such a figure must show a bound instead.
+GEOMETRY_TOL = 1e-4
+#: Colour-mapped values (an image, a mesh) are compared after the colour norm, in 0..1.
+COLOR_TOL = 1e-3
+_DIGITS = 6   # stored rounding of axes coordinates, well under GEOMETRY_TOL
+
+
+def _rounded(a) -> list:
+    """A float array as nested lists: axes coordinates rounded to ``_DIGITS`` decimals (values
+    of 1000 and more to 9 significant digits); NaN and ±inf as the strings "nan", "inf", "-inf"
+    (JSON has no literal for them)."""
+    import numpy as np
+
+    a = np.asarray(a, dtype=float)
+    if not a.size:
+        return []
+    out = np.round(a, _DIGITS).astype(object)
+    big = np.isfinite(a) & (np.abs(a) >= 1e3)
+    out[big] = [float(f"{x:.9g}") for x in a[big]]
+    out[np.isnan(a)] = "nan"
+    out[np.isposinf(a)] = "inf"
+    out[np.isneginf(a)] = "-inf"
+    return out.tolist()
+
+
+def _color(c) -> list:
+    from matplotlib.colors import to_rgba
+
+    return [round(float(x), 3) for x in to_rgba(c)]
+
+
+def _to_axes(transform, ax, xy):
+    import numpy as np
+
+    xy = np.asarray(xy, dtype=float).reshape(-1, 2)
+    if not len(xy):
+        return xy
+    return (transform - ax.transAxes).transform(xy)
+
+
+def _texts(fig) -> list[str]:
+    """Every visible, non-empty text of ``fig`` a reader sees, in a fixed order."""
+    out = [t.get_text() for t in fig.texts]
+    for ax in fig.axes:
+        titles = [ax.title, getattr(ax, "_left_title", None), getattr(ax, "_right_title", None)]
+        out += [t.get_text() for t in titles if t is not None]
+        out += [ax.get_xlabel(), ax.get_ylabel()]
+        for axis in (ax.xaxis, ax.yaxis):
+            if axis.get_visible():
+                out += [t.get_text() for t in axis.get_ticklabels(which="both")]
+        out += [t.get_text() for t in ax.texts if t.get_visible()]
+        legend = ax.get_legend()
+        if legend is not None:
+            out += [legend.get_title().get_text()] + [t.get_text() for t in legend.get_texts()]
+    for legend in fig.legends:
+        out += [legend.get_title().get_text()] + [t.get_text() for t in legend.get_texts()]
+    return [t for t in out if t and t.strip()]
+
+
+def _artists(ax) -> list[dict]:
+    """The drawn data of one axes: lines, patches, collections, images and placed texts."""
+    import numpy as np
+    from matplotlib.collections import PathCollection
+
+    found = []
+    for line in ax.lines:
+        if line.get_visible():
+            found.append({"kind": "line", "color": _color(line.get_color()),
+                          "xy": _rounded(_to_axes(line.get_transform(), ax, line.get_xydata()))})
+    for patch in ax.patches:
+        if patch.get_visible():
+            found.append({"kind": "patch", "color": _color(patch.get_facecolor()),
+                          "xy": _rounded(_to_axes(patch.get_transform(), ax,
+                                                  patch.get_path().vertices))})
+    for coll in ax.collections:
+        if not coll.get_visible():
+            continue
+        rec = {"kind": type(coll).__name__}
+        offsets = np.asarray(coll.get_offsets(), dtype=float)
+        if isinstance(coll, PathCollection):  # scatter: positions and marker sizes
+            rec["xy"] = _rounded(_to_axes(coll.get_offset_transform(), ax, offsets))
+            rec["sizes"] = _rounded(coll.get_sizes())
+        else:
+            rec["paths"] = [_rounded(_to_axes(coll.get_transform(), ax, p.vertices))
+                            for p in coll.get_paths()]
+        values = coll.get_array()
+        if values is not None:
+            rec["values"] = _rounded(coll.norm(np.ma.asarray(values, dtype=float)).filled(np.nan))
+        else:
+            rec["color"] = [_color(c) for c in coll.get_facecolor()]
+        found.append(rec)
+    for image in ax.images:
+        values = np.ma.asarray(image.get_array(), dtype=float)
+        found.append({"kind": "image", "extent": _rounded(image.get_extent()),
+                      "values": _rounded(image.norm(values).filled(np.nan))})
+    for text in ax.texts:
+        if text.get_visible() and text.get_text().strip():
+            found.append({"kind": "text", "text": text.get_text(),
+                          "xy": _rounded(_to_axes(text.get_transform(), ax,
+                                                  [text.get_position()]))})
+    return found
+
+
+def figure_content(fig) -> dict:
+    """What a drawn figure says, independent of how its pixels come out.
+
+    Its texts (titles, labels, tick labels, legends, annotations), exactly; and per axes, the
+    scales and every drawn artist's geometry in axes coordinates, its colour, and colour-mapped
+    values after the norm. Call it after the figure is drawn (``savefig``), when tick labels
+    exist. ``compare_content`` compares two of these at the precision a reader can see.
+    """
+    return {"texts": _texts(fig),
+            "axes": [{"scales": [ax.get_xscale(), ax.get_yscale()], "artists": _artists(ax)}
+                     for ax in fig.axes]}
+
+
+def _numbers(x):
+    import numpy as np
+
+    return np.array(x, dtype=object).astype(float) if x != [] else np.zeros(0)
+
+
+def _differ(a, b, tol) -> str | None:
+    """Where two stored arrays differ by more than ``tol`` (NaN/inf must match), or None."""
+    import numpy as np
+
+    a, b = _numbers(a), _numbers(b)
+    if a.shape != b.shape:
+        return f"shape {a.shape} became {b.shape}"
+    if not a.size:
+        return None
+    fa, fb = np.isfinite(a), np.isfinite(b)
+    if (fa != fb).any() or (a[~fa].astype(str) != b[~fb].astype(str)).any():
+        return "a NaN or infinity appeared or moved"
+    gap = np.abs(a - b) - tol * (1 + 1e-5 * np.maximum(np.abs(a), np.abs(b)))
+    gap[~fa] = -1
+    if (gap > 0).any():
+        at = np.unravel_index(np.argmax(gap), gap.shape)
+        return (f"moved by {np.abs(a - b)[at]:.2g} (tolerance {tol:g}) at index "
+                f"{tuple(int(i) for i in at)}: {a[at]:.6g} -> {b[at]:.6g}")
+    return None
+
+
+def compare_content(old: dict, new: dict) -> list[str]:
+    """What changed between two ``figure_content`` records, in words (empty: the same)."""
+    problems = []
+    if old["texts"] != new["texts"]:
+        gone = [t for t in old["texts"] if t not in new["texts"]]
+        came = [t for t in new["texts"] if t not in old["texts"]]
+        problems.append(f"texts changed: {gone[:3]} -> {came[:3]}" if gone or came
+                        else "texts changed order")
+    if len(old["axes"]) != len(new["axes"]):
+        return problems + [f"{len(old['axes'])} axes became {len(new['axes'])}"]
+    for i, (a, b) in enumerate(zip(old["axes"], new["axes"])):
+        if a["scales"] != b["scales"]:
+            problems.append(f"axes {i}: scales {a['scales']} -> {b['scales']}")
+        kinds_a = [r["kind"] for r in a["artists"]]
+        kinds_b = [r["kind"] for r in b["artists"]]
+        if kinds_a != kinds_b:
+            problems.append(f"axes {i}: artists {kinds_a} -> {kinds_b}")
+            continue
+        for j, (ra, rb) in enumerate(zip(a["artists"], b["artists"])):
+            where = f"axes {i}, {ra['kind']} {j}"
+            for key in sorted(set(ra) | set(rb)):
+                va, vb = ra.get(key), rb.get(key)
+                if key in ("kind", "text"):
+                    if va != vb:
+                        problems.append(f"{where}: {key} {va!r} -> {vb!r}")
+                elif key == "color":
+                    why = _differ(va, vb, 2e-3)
+                    if why:
+                        problems.append(f"{where}: colour {why}")
+                elif key == "paths":
+                    if len(va or []) != len(vb or []):
+                        problems.append(f"{where}: {len(va or [])} paths -> {len(vb or [])}")
+                        continue
+                    for k, (pa, pb) in enumerate(zip(va, vb)):
+                        why = _differ(pa, pb, GEOMETRY_TOL)
+                        if why:
+                            problems.append(f"{where}, path {k}: {why}")
+                            break
+                else:
+                    tol = COLOR_TOL if key == "values" else GEOMETRY_TOL
+                    why = _differ(va, vb, tol)
+                    if why:
+                        problems.append(f"{where}: {key} {why}")
+    return problems
+
+
+# ------------------------------------------------------------------------------------------
+# Pixels, compared as an eye would: a one-pixel shift of an edge is not a change
+# ------------------------------------------------------------------------------------------
+
+#: A pixel differs when no pixel within ``PIXEL_SHIFT`` of it in the other image comes within
+#: ``PIXEL_LEVEL`` (on 0..1) in every channel. Anti-aliasing noise moves a pixel by a few
+#: levels of 255 and a snapped edge by one pixel; a changed digit, label or curve does more.
+PIXEL_LEVEL = 0.1
+PIXEL_SHIFT = 1
+
+
+def _decode(png: bytes):
+    import io
+
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    img = mpimg.imread(io.BytesIO(png), format="png")
+    return np.asarray(img[..., :3] if img.shape[-1] == 4 else img, dtype=float)
+
+
+def _unmatched(a, b, level, shift) -> "np.ndarray":  # noqa: F821
+    """Pixels of ``a`` with no pixel of ``b`` within ``shift`` that is within ``level``."""
+    import numpy as np
+
+    h, w = a.shape[:2]
+    padded = np.pad(b, ((shift, shift), (shift, shift), (0, 0)), mode="edge")
+    bad = np.ones((h, w), dtype=bool)
+    for dy in range(2 * shift + 1):
+        for dx in range(2 * shift + 1):
+            near = padded[dy:dy + h, dx:dx + w]
+            bad &= np.abs(a - near).max(axis=-1) > level
+    return bad
+
+
+def compare_pixels(old_png: bytes, new_png: bytes, level: float = PIXEL_LEVEL,
+                   shift: int = PIXEL_SHIFT) -> str | None:
+    """Why two PNGs look different (size, or which pixels), or None when they look the same."""
+    import numpy as np
+
+    a, b = _decode(old_png), _decode(new_png)
+    if a.shape != b.shape:
+        return f"size {a.shape[1]}×{a.shape[0]} became {b.shape[1]}×{b.shape[0]} pixels"
+    if not (np.abs(a - b).max(axis=-1) > level).any():
+        return None
+    bad = _unmatched(a, b, level, shift) | _unmatched(b, a, level, shift)
+    if not bad.any():
+        return None
+    ys, xs = np.nonzero(bad)
+    return (f"{bad.sum()} pixels differ, in x {xs.min()}–{xs.max()}, y {ys.min()}–{ys.max()} "
+            f"(of {a.shape[1]}×{a.shape[0]})")
+
+
+# ------------------------------------------------------------------------------------------
+# Drawing, writing, checking
+# ------------------------------------------------------------------------------------------
+
+def draw(fn) -> tuple[bytes, dict] | None:
+    """Draw ``fn()``: its PNG bytes and its ``figure_content`` (None where ``fn`` returns None).
 
     It runs under matplotlib's default rcParams plus ``RC``; the caller's rcParams are restored
     afterwards, so this is safe inside a notebook too.
@@ -117,78 +382,122 @@ def figure_png(fn) -> bytes | None:
         buf = io.BytesIO()
         try:
             fig.savefig(buf, **SAVE)
+            content = figure_content(fig)
         finally:
             plt.close(fig)
-    return buf.getvalue()
+    return buf.getvalue(), content
 
 
-def render(out: Path, stems=None, verbose: bool = True) -> dict:
-    """Write ``out/<stem>.png`` for every figure (or those in ``stems``) and the manifest.
+def figure_png(fn) -> bytes | None:
+    """The PNG bytes of ``fn()`` (None where ``fn`` returns None)."""
+    drawn = draw(fn)
+    return None if drawn is None else drawn[0]
 
-    Returns {"written": {stem: sha256}, "skipped": {stem: reason}, "seconds": {stem: s}}.
-    """
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    figures = collect()
+
+def _draw_all(stems=None, figures=None, verbose=False):
+    """{stem: (png, content)} and {stem: why skipped} for every figure (or ``stems``)."""
+    figures = collect() if figures is None else figures
     if stems is not None:
         unknown = set(stems) - set(figures)
         if unknown:
             raise KeyError(f"unknown figure stems: {sorted(unknown)}")
-    written, skipped, seconds = {}, {}, {}
+    drawn, skipped = {}, {}
     for stem, (module, fn) in figures.items():
         if stems is not None and stem not in stems:
             continue
         t0 = time.perf_counter()
-        data = figure_png(fn)
-        if data is None:
+        result = draw(fn)
+        if result is None:
             skipped[stem] = (f"{module}: no data (a stored measurement in course_lib/data "
                              "is missing)")
             if verbose:
                 print(f"  skipped {stem}: {skipped[stem]}")
             continue
-        (out / f"{stem}.png").write_bytes(data)
-        written[stem] = hashlib.sha256(data).hexdigest()
-        seconds[stem] = time.perf_counter() - t0
+        drawn[stem] = result
         if verbose:
-            print(f"  {stem + '.png':<34} {len(data) / 1024:6.0f} KiB  {seconds[stem]:5.2f} s"
-                  f"  ({module})")
-    if stems is None:
-        manifest = {"generated_by": "python -m course_lib.figures", "versions": versions(),
-                    "dpi": DPI, "figures": written}
-        (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=False) + "\n")
-    return {"written": written, "skipped": skipped, "seconds": seconds}
+            print(f"  {stem + '.png':<34} {len(result[0]) / 1024:6.0f} KiB  "
+                  f"{time.perf_counter() - t0:5.2f} s  ({module})")
+    return drawn, skipped
 
 
-def check(images: Path = IMAGES) -> list[str]:
-    """Regenerate into a temporary folder and compare with ``images``; the problems found."""
+def load_manifest(images: Path = IMAGES) -> dict | None:
+    path = Path(images) / MANIFEST
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _manifest_text(manifest: dict) -> str:
+    """The manifest as JSON with one line per figure (readable diffs, a few hundred KiB)."""
+    head = {k: v for k, v in manifest.items() if k != "figures"}
+    lines = json.dumps(head, indent=1).rstrip("}").rstrip().split("\n")
+    lines[-1] += ","
+    lines.append(' "figures": {')
+    items = list(manifest["figures"].items())
+    for i, (stem, entry) in enumerate(items):
+        comma = "," if i < len(items) - 1 else ""
+        lines.append(f"  {json.dumps(stem)}: {json.dumps(entry, separators=(',', ':'))}{comma}")
+    return "\n".join(lines + [" }", "}"]) + "\n"
+
+
+def render(out: Path, stems=None, verbose: bool = True, figures=None) -> dict:
+    """Write ``out/<stem>.png`` for every figure (or those in ``stems``) and update the manifest.
+
+    ``figures`` ({stem: (module, fn)}, default ``collect()``) lets a test draw its own.
+    Returns {"written": {stem: sha256}, "skipped": {stem: reason}}.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    figures = collect() if figures is None else figures
+    drawn, skipped = _draw_all(stems, figures, verbose=verbose)
+    old = load_manifest(out) or {}
+    entries = {} if stems is None else dict(old.get("figures", {}))
+    for stem, (png, content) in drawn.items():
+        (out / f"{stem}.png").write_bytes(png)
+        entries[stem] = {"sha256": hashlib.sha256(png).hexdigest(), "content": content}
+    rank = {stem: i for i, stem in enumerate(figures)}  # lesson order; unknown stems last
+    ordered = sorted(entries, key=lambda stem: (rank.get(stem, len(rank)), stem))
+    manifest = {"generated_by": "python -m course_lib.figures", "versions": versions(),
+                "dpi": DPI, "figures": {stem: entries[stem] for stem in ordered}}
+    (out / MANIFEST).write_text(_manifest_text(manifest))
+    return {"written": {s: e["sha256"] for s, e in entries.items() if s in drawn},
+            "skipped": skipped}
+
+
+def check(images: Path = IMAGES, stems=None, figures=None) -> list[str]:
+    """Draw every figure (or ``stems`` of ``figures``) afresh and compare it with ``images``.
+
+    Returns the problems found, one line each; empty when images/ is what the code draws now.
+    """
     images = Path(images)
+    manifest = load_manifest(images)
+    if manifest is None:
+        return [f"{images / MANIFEST} is missing: run python -m course_lib.figures"]
+    drawn, _ = _draw_all(stems, figures)
+    stored = manifest["figures"]
     problems = []
-    manifest_path = images / MANIFEST
-    if not manifest_path.exists():
-        return [f"{manifest_path} is missing: run python -m course_lib.figures"]
-    manifest = json.loads(manifest_path.read_text())
-    with tempfile.TemporaryDirectory() as tmp:
-        result = render(Path(tmp), verbose=False)
-        fresh = result["written"]
-        for stem in sorted(set(manifest["figures"]) - set(fresh)):
-            problems.append(f"{stem}.png is in images/ but no FIGURES function draws it now")
-        for stem in sorted(set(fresh) - set(manifest["figures"])):
-            problems.append(f"{stem}.png is new: run python -m course_lib.figures")
-        same_versions = manifest.get("versions") == versions()
-        for stem in sorted(set(fresh) & set(manifest["figures"])):
-            path = images / f"{stem}.png"
-            if not path.exists():
-                problems.append(f"{path} is missing")
-                continue
-            committed = path.read_bytes()
-            if hashlib.sha256(committed).hexdigest() != manifest["figures"][stem]:
-                problems.append(f"{stem}.png does not match images/{MANIFEST}")
-            elif same_versions and committed != (Path(tmp) / f"{stem}.png").read_bytes():
-                problems.append(f"{stem}.png differs from a fresh render: run "
-                                "python -m course_lib.figures")
-        if not same_versions:
-            print(f"note: images/ were made with {manifest.get('versions')}, this environment "
-                  f"has {versions()}: bytes are compared only between equal versions")
+    if stems is None and figures is None:
+        problems += [f"{s}.png is in images/ but no FIGURES function draws it now"
+                     for s in sorted(set(stored) - set(drawn))]
+    problems += [f"{s}.png is new: run python -m course_lib.figures"
+                 for s in sorted(set(drawn) - set(stored))]
+    same_versions = manifest.get("versions") == versions()
+    for stem in [s for s in drawn if s in stored]:
+        path = images / f"{stem}.png"
+        if not path.exists():
+            problems.append(f"{path} is missing")
+            continue
+        committed = path.read_bytes()
+        if hashlib.sha256(committed).hexdigest() != stored[stem]["sha256"]:
+            problems.append(f"{stem}.png is not the file images/{MANIFEST} names")
+            continue
+        png, content = drawn[stem]
+        problems += [f"{stem}.png: {p}" for p in compare_content(stored[stem]["content"], content)]
+        if same_versions:
+            why = compare_pixels(committed, png)
+            if why:
+                problems.append(f"{stem}.png looks different: {why}")
+    if not same_versions:
+        print(f"note: images/ were made with {manifest.get('versions')}, this environment has "
+              f"{versions()}: content compared, pixels only between equal versions")
     return problems
 
 
@@ -197,18 +506,23 @@ def main(argv=None) -> int:
                                      description="Regenerate every course figure into images/.")
     parser.add_argument("--out", type=Path, default=IMAGES, help="output folder (images/)")
     parser.add_argument("--check", action="store_true",
-                        help="regenerate into a temporary folder and compare bytes with --out")
+                        help="draw afresh and compare content and pixels with --out")
     parser.add_argument("--list", action="store_true", help="list the stems and their modules")
-    parser.add_argument("stems", nargs="*", help="only these stems (no manifest is written)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch.set_num_threads(N) first (the tests vary it)")
+    parser.add_argument("stems", nargs="*", help="only these stems")
     args = parser.parse_args(argv)
-    plt.switch_backend("Agg")  # headless, and the renderer the bytes were made with
+    plt.switch_backend("Agg")  # headless, and the renderer the images were made with
+    if args.threads is not None:
+        import torch
+        torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     if args.list:
         for stem, (module, _) in collect().items():
             print(f"{stem:<30} {module}")
         return 0
     if args.check:
-        problems = check(args.out)
+        problems = check(args.out, stems=args.stems or None)
         for p in problems:
             print("DIFFERENT:", p)
         print(f"{'OK' if not problems else 'FAILED'}: {args.out} checked in "

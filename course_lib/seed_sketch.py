@@ -30,6 +30,7 @@ import math
 import torch
 
 from course_lib.reference import attention, causal_mask, dropout_mask
+from course_lib.testing import below
 
 NEG_INF = -1e10     # the sketch's "-infinity"
 EPSILON = 1e-10     # the sketch's guard added to every block's row sum
@@ -117,8 +118,15 @@ def departures(N_q=11, N_k=8, d=16, q_block=4, kv_block=3, dropout_p=0.2, seed=0
     return out
 
 
+#: Below this, a difference of two fp64 computations of the same thing is rounding.
+ROUNDING = 1e-12
+
+
 def departures_figure(errs=None):
-    """Bar chart of ``departures()``: which detail costs how much (log scale)."""
+    """Bar chart of ``departures()``: which detail costs how much (log scale).
+
+    A detail that costs nothing shows as "< 1e-12" (``ROUNDING``), never by its last bits.
+    """
     from matplotlib.figure import Figure
 
     errs = departures() if errs is None else errs
@@ -126,21 +134,22 @@ def departures_figure(errs=None):
     ax = fig.subplots()
     labels = list(errs)
     vals = [errs[k] for k in labels]
-    finite = [v for v in vals if math.isfinite(v) and v > 0]
+    finite = [v for v in vals if math.isfinite(v) and v > ROUNDING]
     top = max(finite) * 30
-    floor = 1e-17
-    shown = [top if not math.isfinite(v) else max(v, floor) for v in vals]
-    colors = ["C3" if not math.isfinite(v) or v > 1e-6 else "C2" for v in vals]
+    floor = ROUNDING / 100
+    shown = [top if not math.isfinite(v) else max(v, ROUNDING) for v in vals]
+    colors = ["C3" if not math.isfinite(v) or v >= ROUNDING else "C2" for v in vals]
     ax.barh(range(len(labels)), shown, color=colors)
     for y, v in enumerate(vals):
-        ax.text(shown[y] * 1.3, y, "NaN" if not math.isfinite(v) else f"{v:.1e}", va="center",
-                fontsize=8)
+        text = ("NaN" if not math.isfinite(v) else
+                f"{v:#.2g}" if v >= ROUNDING else f"{below(v, ROUNDING)} (rounding)")
+        ax.text(shown[y] * 1.3, y, text, va="center", fontsize=8)
     ax.set_yticks(range(len(labels)), labels)
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlim(floor, top * 100)
     ax.set(xlabel="max |O_sketch − O_reference|  (fp64, causal, dropout, N_q > N_k)",
-           title="The seed blog's sketch: what each detail costs")
+           title="The block-by-block sketch: what each detail costs")
     return fig
 
 

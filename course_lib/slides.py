@@ -3,7 +3,6 @@
     python -m course_lib.slides render          # every deck -> slides/build/html/ (HTML)
     python -m course_lib.slides render --pdf    # ... and slides/build/pdf/ (needs Chromium)
     python -m course_lib.slides pages           # PDF pages -> slides/build/png/ (pdftoppm)
-    python -m course_lib.slides facts           # the numbers the decks quote, from course_lib
     python -m course_lib.slides check           # images, speaker notes, layout, quoted numbers
 
 The decks are slides/NN_topic.md (English) and slides/zh/NN_topic.md (Chinese), one per lesson
@@ -16,8 +15,8 @@ node_modules/katex, so the output needs no network.
 slides/build/ (ignored by git) is self-contained: html/*.html and html/zh/*.html with their KaTeX
 fonts, images/ (a copy of images/, where the decks' relative links land), pdf/ and png/.
 
-``facts()`` computes every number a deck quotes from the course's own code and stored
-measurements (course_lib/data/); tests/test_slides.py checks that each deck still prints it.
+The numbers a deck quotes come from ``course_lib.results.facts()``, the one source of the
+README's, the decks' and the lessons' numbers; ``check`` fails when a deck no longer prints one.
 """
 from __future__ import annotations
 
@@ -30,15 +29,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-SLIDES = ROOT / "slides"
+from course_lib import results
+from course_lib.results import LANGS, ROOT, SLIDES, deck_path  # noqa: F401 (the decks, re-exported)
+
 BUILD = SLIDES / "build"
 IMAGES = ROOT / "images"
 KATEX_FONTS = ROOT / "node_modules" / "katex" / "dist" / "fonts"
-LANGS = {"en": SLIDES, "zh": SLIDES / "zh"}
 
 
 def deck_names() -> list[str]:
@@ -50,10 +48,6 @@ def deck_names() -> list[str]:
         if lesson.deck and lesson.deck not in names:
             names.append(lesson.deck)
     return names
-
-
-def deck_path(name: str, lang: str = "en") -> Path:
-    return LANGS[lang] / f"{name}.md"
 
 
 def notebooks_of(name: str) -> list[str]:
@@ -275,302 +269,6 @@ def check_layout(html_files) -> dict[str, list[dict]]:
 
 
 # --------------------------------------------------------------------------------------------
-# The numbers the decks quote
-# --------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Fact:
-    text: str                 # exactly as the decks print it (EN and ZH alike)
-    decks: tuple[str, ...]    # deck stems that quote it
-    source: str               # where the number comes from
-
-
-def _perf_notes_ceiling(pattern: str) -> str:
-    text = (ROOT / "course_lib" / "data" / "perf_notes.md").read_text()
-    found = re.search(pattern, text)
-    if not found:
-        raise ValueError(f"{pattern!r} not found in course_lib/data/perf_notes.md")
-    return found.group(1)
-
-
-def _tflops(result: dict, D: int, causal: bool, N: int, provider: str) -> float:
-    row = next(r for r in result["rows"] if (r["D"], r["causal"], r["N"]) == (D, causal, N))
-    return row["results"][provider]["tflops"]
-
-
-def facts() -> dict[str, Fact]:
-    """Every number the decks quote, computed now from course_lib and course_lib/data."""
-    import statistics
-
-    import numpy as np
-
-    from course_lib import hardware, kvcache, roofline, softmax_cost
-    from course_lib import softmax as sm
-    from course_lib.bench.common import load_result
-    from course_lib.iomodel import attention as att
-    from course_lib.iomodel import backward as bwd
-    from course_lib.iomodel import decode as dec_io
-    from course_lib.iomodel import matmul_global_reads, matmul_hbm_bytes
-    from course_lib.iomodel.matmul import largest_square_tile
-    from course_lib.kernels import flash_v1
-    from course_lib.kernels.flash_v2_plan import kv_reuse, normalisation_ops
-    from course_lib.kernels.hopper_plan import load_probe, pinned_rows, score_costs
-    from course_lib.kernels.matmul import panels_touched
-
-    f: dict[str, Fact] = {}
-
-    def add(key, text, decks, source):
-        f[key] = Fact(str(text), tuple(decks.split()), source)
-
-    # 01 softmax ------------------------------------------------------------------------------
-    add("exp_f32_overflow", f"{sm.exp_limits(np.float32)['overflow_above']:.2f}", "01_softmax",
-        "softmax.exp_limits(float32)")
-    add("exp_f16_overflow", f"{sm.exp_limits(np.float16)['overflow_above']:.2f}", "01_softmax",
-        "softmax.exp_limits(float16)")
-    for name in ("naive", "safe", "online", "fused"):
-        add(f"flops_{name}", softmax_cost.VARIANTS[name].flops_label, "01_softmax",
-            f"softmax_cost.VARIANTS[{name!r}] (checked against the counter)")
-    rows = {r["variant"]: r for r in softmax_cost.table(sizes=(256,), block_size=16)}
-    add("online_over_safe_256", f"{rows['online']['flops'] / rows['safe']['flops']:.2f}",
-        "01_softmax", "softmax_cost.table(s=256): online FLOPs / safe FLOPs")
-
-    # 02 GPU and tiling ---------------------------------------------------------------------
-    h100 = hardware.get_gpu("H100-SXM")
-    add("h100_sms", h100.sms, "02_gpu_tiling 05_triton_flash 07_decoding", "hardware H100-SXM")
-    add("h100_smem_total", f"{h100.smem_total_mib:.1f} MiB", "02_gpu_tiling",
-        "hardware H100-SXM: SMs × shared memory per SM")
-    add("h100_hbm_over_smem", f"{h100.hbm_gib * 1024 / h100.smem_total_mib:,.0f}",
-        "02_gpu_tiling", "HBM / all shared memory, H100-SXM")
-    add("h100_ridge", f"{h100.ridge_point('fp16'):.0f} FLOP/B", "02_gpu_tiling 07_decoding",
-        "hardware H100-SXM ridge point, fp16 tensor cores")
-    add("h100_flops_per_element", f"{h100.ridge_point('fp16') * 2:.0f}", "02_gpu_tiling",
-        "fp16 FLOPs per 2-byte element at the H100's ridge point")
-    ops = roofline.classify("H100-SXM", roofline.lesson_ops("H100-SXM", N=4096, d=64, H=16))
-    std_us = sum(r["time_floor_us"] for r in ops if r["name"].startswith("attention:"))
-    add("floor_standard_us", f"{std_us:.0f} µs", "02_gpu_tiling", "roofline.classify, N 4096")
-    add("floor_fused_us", f"{ops[-1]['time_floor_us']:.0f} µs", "02_gpu_tiling",
-        "roofline.classify, FlashAttention (fused)")
-    add("matmul_naive_reads", matmul_global_reads(32, 32, 32), "02_gpu_tiling",
-        "iomodel.matmul_global_reads(32, 32, 32)")
-    add("matmul_tiled_reads", matmul_global_reads(32, 32, 32, 16), "02_gpu_tiling",
-        "iomodel.matmul_global_reads(32, 32, 32, 16)")
-    n = 4096
-    add("matmul_tiled_intensity",
-        f"{2 * n**3 / matmul_hbm_bytes(n, n, n, 128):.0f} FLOP/B", "02_gpu_tiling",
-        "2n³ / matmul_hbm_bytes(4096, tile 128)")
-    add("h100_largest_tile", largest_square_tile(h100.smem_per_block_bytes, 2), "02_gpu_tiling",
-        "largest square fp16 tile pair in 227 KiB")
-    add("bands_row_major", panels_touched(32, 32, 1, programs=132), "02_gpu_tiling",
-        "kernels.matmul.panels_touched, row-major")
-    add("bands_grouped", panels_touched(32, 32, 8, programs=132), "02_gpu_tiling",
-        "kernels.matmul.panels_touched, GROUP_M = 8")
-    mm = load_result("matmul")["headline"]
-    add("matmul_course_tflops", f"{mm['course_tflops']:.0f}", "02_gpu_tiling",
-        "data/matmul.json headline (course)")
-    add("matmul_cublas_tflops", f"{mm['torch_tflops']:.0f}", "02_gpu_tiling",
-        "data/matmul.json headline (cuBLAS)")
-    add("copy_gbs_probe", _perf_notes_ceiling(r"copy (\d+) GB/s"), "02_gpu_tiling",
-        "data/perf_notes.md: device-to-device copy")
-    add("bf16_matmul_probe", _perf_notes_ceiling(r"matmul (\d+) TFLOP/s"), "02_gpu_tiling",
-        "data/perf_notes.md: bf16 8192³ matmul")
-
-    # 03 attention IO ---------------------------------------------------------------------
-    total = att.standard_attention_io(4096, 4096, 64)["elements"]
-    add("sp_share_4096", f"{4 * 4096**2 / total:.1%}", "03_attention_io",
-        "4N² / (4Nd + 4N²), N 4096, d 64")
-    shape = att.FIGURE2_SHAPE
-    steps = att.standard_attention_steps(shape["N"], shape["d"], shape["B"], shape["H"],
-                                         shape["bytes_per_el"])
-    add("fig2_matmul_intensity", f"{steps[0]['flops'] / steps[0]['hbm_bytes']:.1f}",
-        "03_attention_io", "standard_attention_steps at the Figure 2 shape: S = QKᵀ")
-    pred = att.figure2_prediction(v1_blocks=(64, 64), v2_blocks=(128, 64))
-    add("pred_standard_gb", f"{pred['standard'] / 1e9:.2f} GB", "03_attention_io 04_flash_v1",
-        "iomodel.attention.figure2_prediction: standard")
-    add("pred_min_gb", f"{pred['flash_v2_min'] / 1e9:.3f} GB",
-        "03_attention_io 04_flash_v1 05_triton_flash", "figure2_prediction: flash_v2_min")
-    add("pred_v1_paper_gb", f"{pred['flash_v1'] / 1e9:.2f} GB", "04_flash_v1",
-        "figure2_prediction: flash_v1 (paper blocks)")
-    add("pred_v1_kernel_gb", f"{pred['flash_v1_kernel'] / 1e9:.2f} GB",
-        "04_flash_v1 05_triton_flash", "figure2_prediction: flash_v1_kernel (64×64)")
-    add("pred_v2_all_dram_gb", f"{pred['flash_v2'] / 1e9:.2f} GB", "04_flash_v1 05_triton_flash",
-        "figure2_prediction: flash_v2, every K/V re-read from DRAM")
-    hbm = {r["target"]: r for r in load_result("hbm")["rows"]}
-    add("hbm_math_gb", f"{hbm['sdpa-MATH']['total_gb']:.1f} GB", "03_attention_io",
-        "data/hbm.json: SDPA MATH, Nsight Compute")
-    add("hbm_v1_gb", f"{hbm['v1']['total_gb']:.2f} GB", "04_flash_v1 05_triton_flash",
-        "data/hbm.json: v1")
-    add("hbm_v1_x_min", f"{hbm['v1']['x minimum']:.1f}×", "05_triton_flash",
-        "data/hbm.json: v1 / minimum")
-    add("hbm_v2_gb", f"{hbm['v2-portable']['total_gb']:.3f} GB", "04_flash_v1 05_triton_flash",
-        "data/hbm.json: v2-portable")
-    add("hbm_v2_x_min", f"{hbm['v2-portable']['x minimum']:.3f}×", "05_triton_flash",
-        "data/hbm.json: v2-portable / minimum")
-    N, d = 1024, 64
-    add("row_stream_1pass", f"{N * (d + 2 * N * d + d):,}", "03_attention_io",
-        "1-pass attention streamed per row, N 1024, d 64 (notebook 05)")
-    add("row_stream_standard", f"{4 * N * d + 4 * N * N:,}", "03_attention_io",
-        "standard attention, N 1024, d 64")
-
-    # 04 FlashAttention v1 ----------------------------------------------------------------
-    B_r, B_c = att.paper_block_sizes(att.A100_M, 64)
-    add("a100_blocks", f"B_r = {B_r}, B_c = {B_c}", "04_flash_v1", "paper_block_sizes(A100_M, 64)")
-    std = att.standard_attention_io(4096, 4096, 64)["elements"]
-    v1 = att.flash_attention_io(4096, 64, att.A100_M)["elements"]
-    add("v1_fewer_4096", f"{std / v1:.1f}×", "04_flash_v1", "standard / v1 elements, N 4096")
-    for bs in (64, 512):
-        gb = att.flash_v1_io(1024, 1024, 64, min(bs, 64), bs, 64, 16)["hbm_bytes"] / 1e9
-        add(f"sweep_{bs}_gb", f"{gb:.2f} GB", "04_flash_v1", f"flash_v1_io, block {bs}")
-
-    # 05 Triton FlashAttention --------------------------------------------------------------
-    bm, bn, _ = flash_v1.block_sizes(64, on_gpu=True)
-    add("v1_kernel_steps", att.flash_v1_io(1024, 1024, 64, bm, bn, 64, 16,
-                                           kernel_bookkeeping=True)["T_c"],
-        "05_triton_flash", "flash_v1_io(kernel_bookkeeping): T_c at the Figure 2 shape")
-    old = kv_reuse(64, 16, 16, 1024, 1024, 64, 128, order="heads_fastest")
-    add("heads_fastest_gap", old["programs_between"], "05_triton_flash",
-        "flash_v2_plan.kv_reuse, heads fastest")
-    add("heads_fastest_mib", f"{old['kv_bytes_between'] / 2**20:.0f} MiB", "05_triton_flash",
-        "flash_v2_plan.kv_reuse, heads fastest")
-    add("probe1_v2_gb", _perf_notes_ceiling(r"v2 portable, grid \(B·H, N/BLOCK_M\) \| ([\d.]+)"),
-        "05_triton_flash", "data/perf_notes.md, HBM measurement 1")
-    ops = normalisation_ops(16384, 128, 64, 128)
-    add("deferred_saved_per_score", f"{sum(ops['saved'].values()) / (128 * 16384):.1f}",
-        "05_triton_flash", "flash_v2_plan.normalisation_ops")
-    fwd = load_result("attention_fwd")
-    for key, (D, causal, N, prov) in {
-            "fwd_128_16k_hopper": (128, False, 16384, "v2-hopper"),
-            "fwd_128_16k_portable": (128, False, 16384, "v2-portable"),
-            "fwd_128_16k_fa2": (128, False, 16384, "sdpa-FLASH_ATTENTION"),
-            "fwd_128_16k_cudnn": (128, False, 16384, "sdpa-CUDNN_ATTENTION"),
-            "fwd_128_16k_v1": (128, False, 16384, "v1"),
-            "fwd_64_16k_hopper": (64, False, 16384, "v2-hopper"),
-            "fwd_64_16k_portable": (64, False, 16384, "v2-portable"),
-            "fwd_64_16k_fa2": (64, False, 16384, "sdpa-FLASH_ATTENTION"),
-            "fwd_64_16k_cudnn": (64, False, 16384, "sdpa-CUDNN_ATTENTION")}.items():
-        add(key, f"{_tflops(fwd, D, causal, N, prov):.0f}", "05_triton_flash",
-            f"data/attention_fwd.json D={D} causal={causal} N={N} {prov}")
-    ratios = [_tflops(fwd, D, c, N, "v2-hopper") / _tflops(fwd, D, c, N, "sdpa-FLASH_ATTENTION")
-              for D in (64, 128) for c in (False, True) for N in (4096, 8192, 16384)]
-    add("fwd_fa2_ratio_min", f"{min(ratios):.2f}", "05_triton_flash",
-        "data/attention_fwd.json: v2-hopper / FA2, D 64 and 128, N >= 4k, lowest")
-    add("fwd_fa2_ratio_max", f"{max(ratios):.2f}", "05_triton_flash",
-        "data/attention_fwd.json: v2-hopper / FA2, D 64 and 128, N >= 4k, highest")
-    pinned = pinned_rows()
-    for key, idea in (("pinned_gain_64", "pinned max, 128 x 64 (D 64)"),
-                      ("pinned_gain_128", "pinned max + l on MMA, 64 x 64 (D 128)")):
-        med = statistics.median(r["with / without"] for r in pinned if r["idea"] == idea)
-        add(key, f"+{med - 1:.0%}", "05_triton_flash", f"hopper_plan.pinned_rows: {idea}, median")
-    worst = [r["with / without"] for r in pinned_rows(spike=True)]
-    add("pinned_worst", f"{min(worst):.2f}", "05_triton_flash",
-        "hopper_plan.pinned_rows(spike=True): every program reruns, lowest")
-    costs = {d: score_costs(d) for d in (64, 128)}
-    add("ceiling_64", f"{costs[64]['serial_tflops']:.0f}", "05_triton_flash",
-        "hopper_plan.score_costs(64): no overlap")
-    add("ceiling_128", f"{costs[128]['serial_tflops']:.0f}", "05_triton_flash",
-        "hopper_plan.score_costs(128): no overlap")
-    probe = {(r["D"], r["causal"], r["N"]): r["results"] for r in load_probe()["rows"]}
-    p = probe[(128, False, 16384)]
-    add("probe1_128_portable", f"{p['v2-portable']['tflops']:.1f}", "05_triton_flash",
-        "probe 1, D 128, N 16k, portable")
-    add("probe1_128_hopper", f"{p['v2-hopper']['tflops']:.1f}", "05_triton_flash",
-        "probe 1, D 128, N 16k, hopper")
-
-    # 06 backward -------------------------------------------------------------------------
-    t = bwd.recompute_tradeoff(16384, 64, B=1, H=16, peak_tflops=h100.fp16_tensor_tflops,
-                               hbm_tbs=h100.hbm_tbs)
-    add("p_16_heads_16k", f"{t['p_bytes'] / 2**30:.0f} GiB", "06_backward",
-        "recompute_tradeoff: P of 16 heads at N 16k, fp16")
-    add("recompute_extra", f"{t['extra_fraction']:.0%}", "06_backward",
-        "recompute_tradeoff: extra FLOPs")
-    t5 = bwd.theorem5_io(16384, 64, 192 * 1024 // 2)
-    add("theorem5_ratio", f"{t5['elements'] / t5['n2d2_over_M']:.1f}", "06_backward",
-        "theorem5_io(16384, 64, A100 M): Algorithm 4 / (N²d²/M)")
-    io_v2 = bwd.flash_v2_backward_io(4096, 4096, 64, 32, 128, 128, 32, B=8, H=32)
-    alg4 = bwd.flash_backward_io(4096, 4096, 64, 64, 128, B=8, H=32)
-    add("bwd_course_gb", f"{io_v2['hbm_bytes'] / 1e9:.1f} GB", "06_backward",
-        "flash_v2_backward_io, N 4k")
-    add("bwd_alg4_gb", f"{alg4['hbm_bytes'] / 1e9:.1f} GB", "06_backward",
-        "flash_backward_io (Algorithm 4), N 4k")
-    add("bwd_floor_gb", f"{io_v2['compulsory']['hbm_bytes'] / 1e9:.2f} GB", "06_backward",
-        "flash_v2_backward_io compulsory, N 4k")
-    mem = next(r for r in load_result("memory")["rows"] if r["N"] == 16384)["results"]
-    for prov, short in (("sdpa-MATH", "math"), ("flash_attn_v2", "v2")):
-        add(f"mem_{short}_peak", f"{mem[prov]['peak_bytes'] / 2**20:,.0f} MiB", "06_backward",
-            f"data/memory.json N 16384 {prov} peak")
-        add(f"mem_{short}_kept", f"{mem[prov]['saved_bytes'] / 2**20:,.0f} MiB", "06_backward",
-            f"data/memory.json N 16384 {prov} kept")
-    bwd_speed = load_result("attention_bwd")
-    for key, (D, causal, prov) in {"bwd_128_c_portable": (128, True, "v2-portable"),
-                                   "bwd_128_c_fa2": (128, True, "sdpa-FLASH_ATTENTION"),
-                                   "bwd_128_c_cudnn": (128, True, "sdpa-CUDNN_ATTENTION")}.items():
-        add(key, f"{_tflops(bwd_speed, D, causal, 16384, prov):.0f}", "06_backward",
-            f"data/attention_bwd.json D={D} causal={causal} N=16384 {prov}")
-
-    # 07 decoding ---------------------------------------------------------------------------
-    models = dec_io.MODELS
-    add("kv_13b", f"{dec_io.kv_bytes_per_token(models['Llama-2-13B']) / 1e6:.2f} MB",
-        "07_decoding", "kv_bytes_per_token(Llama-2-13B)")
-    l70 = models["Llama-2-70B"]
-    add("kv_70b", f"{dec_io.kv_bytes_per_token(l70) / 1e6:.2f} MB", "07_decoding",
-        "kv_bytes_per_token(Llama-2-70B)")
-    add("kv_70b_mha", f"{dec_io.kv_bytes_per_token(l70, n_kv_heads=l70.n_heads) / 1e6:.2f} MB",
-        "07_decoding", "kv_bytes_per_token(Llama-2-70B as MHA)")
-    l3 = models["Llama-3-70B"]
-    step = dec_io.decode_attention_io(B=1, H=l3.n_heads, H_kv=l3.n_kv_heads, N_q=1, L=131072,
-                                      D=l3.head_dim)
-    add("l3_step_mib", f"{step['bytes'] / 2**20:.0f} MiB", "07_decoding",
-        "decode_attention_io(Llama-3-70B, L 128k)")
-    add("l3_floor_us", f"{step['bytes'] / (h100.hbm_tbs * 1e12) * 1e6:.0f} µs", "07_decoding",
-        "cache bytes / H100 bandwidth")
-    programs = dec_io.fa_forward_programs(1, 32, 1)
-    add("fa_b1_sm_fraction", f"{dec_io.sm_fraction(programs, h100.sms):.0%}", "07_decoding",
-        "fa_forward_programs(1, 32, 1) / 132 SMs")
-    dec = load_result("decode")
-    add("copy_gbs_decode", f"{dec['copy_gbs']:.0f} GB/s", "07_decoding", "data/decode.json")
-    rows = {(r["B"], r["N"]): r["results"] for r in dec["rows"]}
-    r128 = rows[(1, 131072)]["flash_decode"]
-    add("decode_128k_tbs", f"{r128['tbs']:.2f} TB/s", "07_decoding",
-        "data/decode.json B 1 N 128k flash_decode")
-    add("decode_128k_pct", f"{r128['copy_fraction']:.0%}", "07_decoding",
-        "data/decode.json B 1 N 128k flash_decode / copy")
-    add("decode_4k_pct", f"{rows[(1, 4096)]['flash_decode']['copy_fraction']:.0%}",
-        "07_decoding", "data/decode.json B 1 N 4k flash_decode / copy")
-    for B, N in ((1, 131072), (8, 131072), (1, 4096)):
-        ratio = rows[(B, N)]["paged_decode"]["ms"] / rows[(B, N)]["flash_decode"]["ms"]
-        add(f"paged_ratio_{B}_{N // 1024}k", f"{ratio:.2f}", "07_decoding",
-            f"data/decode.json paged / flash latency, B {B} N {N // 1024}k")
-    workload = kvcache.Workload()
-    max_len = kvcache.simulate_serving("max_len", workload)
-    paged = kvcache.simulate_serving("paged", workload)
-    add("waste_max_len_tokens", f"{max_len.utilization:.1%}", "07_decoding",
-        "kvcache.simulate_serving('max_len')")
-    add("waste_paged_tokens", f"{paged.utilization:.1%}", "07_decoding",
-        "kvcache.simulate_serving('paged')")
-    add("batch_gain", f"{paged.mean_batch / max_len.mean_batch:.1f}×", "07_decoding",
-        "mean batch, paged / max_len")
-    add("sampling_saving_4", f"{kvcache.sampling_saving(workload, n_samples=4)['saving']:.0%}",
-        "07_decoding", "kvcache.sampling_saving(4 samples)")
-    from course_lib import unified_max
-    lo, hi = unified_max.safe_window(np.float16)
-    add("unified_window_f16", f"[{lo:.2f}, {hi:.2f}]", "07_decoding",
-        "unified_max.safe_window(float16)")
-    return f
-
-
-def check_facts(lang_dirs=None) -> list[str]:
-    """Facts a deck should quote but does not (every language)."""
-    problems = []
-    for key, fact in facts().items():
-        for deck in fact.decks:
-            for lang in (lang_dirs or LANGS):
-                path = deck_path(deck, lang)
-                if not path.exists() or fact.text not in path.read_text():
-                    problems.append(f"{path.relative_to(ROOT)} does not quote {key} = "
-                                    f"{fact.text!r} ({fact.source})")
-    return problems
-
-
-# --------------------------------------------------------------------------------------------
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib.slides", description=__doc__,
@@ -583,19 +281,11 @@ def main(argv=None) -> int:
     p = sub.add_parser("pages", help="PDF pages as PNG for review (after render --pdf)")
     p.add_argument("--out", type=Path, default=BUILD)
     p.add_argument("--dpi", type=int, default=50)
-    sub.add_parser("facts", help="print the numbers the decks quote and check them")
     c = sub.add_parser("check", help="render to HTML, then check images, notes and layout")
     c.add_argument("--out", type=Path, default=BUILD)
     args = parser.parse_args(argv)
 
     t0 = time.perf_counter()
-    if args.cmd == "facts":
-        for key, fact in facts().items():
-            print(f"{key:<26} {fact.text:<18} {' '.join(fact.decks):<40} {fact.source}")
-        problems = check_facts()
-        for line in problems:
-            print("MISSING:", line)
-        return 1 if problems else 0
     if args.cmd == "render":
         html = render_html(args.out)
         print(f"{len(html)} HTML decks in {args.out / 'html'} ({time.perf_counter() - t0:.1f} s)")
@@ -618,7 +308,7 @@ def main(argv=None) -> int:
             problems += [f"{Path(f).name}: slide {p['slide']}: {p['element']} {p['what']!r} "
                          f"outside the slide (top {p['top']}, bottom {p['bottom']}, "
                          f"right {p['right']})" for p in items]
-        problems += check_facts()
+        problems += results.check()
         for line in problems:
             print("PROBLEM:", line)
         print(f"{len(html)} decks checked in {time.perf_counter() - t0:.1f} s: "

@@ -312,6 +312,11 @@ def exp_limits(dtype) -> dict:
             "zero_below": float(x[positive].min())}
 
 
+#: The overflow figure draws softmax errors below this many ulps (ε of the dtype) at the bound:
+#: 16 logits, an exp of a few ulps, a sum of 16 terms and a division stay under it.
+ROUNDING_ULPS = 32
+
+
 def overflow_figure():
     """Left: e^x in float16/32/64 with the measured limits. Right: softmax error against a shift.
 
@@ -349,13 +354,19 @@ def overflow_figure():
                     err = np.abs(fn(xs).astype(np.float64) - ref).max()
                 errs.append(err if np.isfinite(err) else np.nan)
             errs = np.asarray(errs)
-            ax1.semilogy(shifts, np.maximum(errs, 1e-12), color=color, ls=ls,
+            # Below ROUNDING_ULPS ulps the error is rounding, whose last bits depend on the
+            # CPU's exp: drawn at that bound, not by its bits.
+            bound = ROUNDING_ULPS * np.finfo(dtype).eps
+            ax1.semilogy(shifts, np.maximum(errs, bound), color=color, ls=ls,
                          label=f"{label}, {np.dtype(dtype).name}")
             broken = np.isnan(errs)
             ax1.plot(shifts[broken], np.full(broken.sum(), 3.0), "|", color=color, ms=6)
-    ticks = [1e-10, 1e-8, 1e-6, 1e-4, 1e-2, 1.0, 3.0]
+        ax1.axhline(bound, color=color, lw=0.8, ls=":")
+        ax1.text(-118, bound * 1.6, f"{np.dtype(dtype).name} rounding: ≤ {ROUNDING_ULPS} ε",
+                 color=color, fontsize=8)
+    ticks = [1e-6, 1e-4, 1e-2, 1.0, 3.0]
     ax1.set_yticks(ticks, [f"1e{round(np.log10(t))}" for t in ticks[:-1]] + ["NaN"])
-    ax1.set(xlabel="shift c added to every logit of a row", ylim=(1e-10, 10),
+    ax1.set(xlabel="shift c added to every logit of a row", ylim=(1e-7, 10),
             ylabel="max |error| against float64",
             title="softmax(x + c) = softmax(x), but naive softmax breaks")
     ax1.legend(loc="center left", fontsize=8)

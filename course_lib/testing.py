@@ -5,6 +5,12 @@ Used by tests/ and by the notebooks' "check" cells (introduced in notebooks/00_s
 The rule (from flash-attention's test-suite): a kernel's error against an fp32 (or fp64)
 reference must be at most twice the error that PyTorch makes in the *same* precision, plus
 a small absolute floor. Errors are printed before the assertion so a failure explains itself.
+
+Printing numbers that come from rounding. The error of a lower-precision computation against a
+high-precision reference measures that precision: it is printed with two significant digits.
+A difference between two computations of the same thing in the same precision is zero up to
+rounding: its last bits change from one CPU to the next, so it is shown against a bound
+(``below``), never by its bits.
 """
 from __future__ import annotations
 
@@ -24,6 +30,22 @@ def fresh_randn(*shape, dtype=torch.float32, device=None, seed=None, scale=1.0):
     gen.manual_seed(int(torch.randint(0, 2**31 - 1, ()).item()) if seed is None else seed)
     x = torch.randn(*shape, generator=gen, dtype=torch.float32) * scale
     return x.to(device=device or DEVICE, dtype=dtype)
+
+
+def below(err: float, bound: float) -> str:
+    """``"< bound"``: a difference that is zero up to rounding, stated against its bound.
+
+    The last bits of such a difference (2.8e-17 on one CPU, 5.6e-17 on the next) depend on
+    which SIMD code paths the CPU takes, so a lesson, a figure or a printed check shows the
+    bound, never the bits. Raises AssertionError when ``err`` is not below ``bound`` (NaN
+    included): then the difference is not rounding, and that is the news.
+
+    >>> below(3e-17, 1e-12)
+    '< 1e-12'
+    """
+    if not err < bound:
+        raise AssertionError(f"{err:.2g} is not below the rounding bound {bound:.0e}")
+    return f"< {bound:.0e}"
 
 
 def poison_(t: torch.Tensor) -> torch.Tensor:
@@ -61,8 +83,8 @@ def assert_close_2x(out, ref, baseline, name="out", atol=1e-5, factor=2.0, verbo
     max_err, mean_err = errors(out, ref)
     base_max, base_mean = errors(baseline, ref)
     if verbose:
-        print(f"{name}: max err {max_err:.3e} (torch same precision {base_max:.3e}), "
-              f"mean err {mean_err:.3e} (torch {base_mean:.3e})")
+        print(f"{name}: max err {max_err:.2g} (torch in the same precision {base_max:.2g}), "
+              f"mean err {mean_err:.2g} (torch {base_mean:.2g})")
     bound = factor * base_max + atol
     assert max_err <= bound, (
         f"{name}: max error {max_err:.3e} exceeds {factor}x torch's {base_max:.3e} + {atol:g}"

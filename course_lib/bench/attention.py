@@ -168,6 +168,9 @@ def report(result: dict) -> str:
     head = (f"attention {result['mode']}, {result['dtype']}, TFLOP/s "
             f"(FLOPs = {result['flops_formula']}); {env.get('gpu', env.get('device', '?'))}, "
             f"torch {env.get('torch', '?')}, triton {env.get('triton', '?')}")
+    rounds = result.get("rounds", 1)
+    head += ("\nharness: every provider called eagerly, triton.testing.do_bench median"
+             + (f" of {rounds} interleaved rounds" if rounds > 1 else ""))
     parts = [head, tflops_table(result)]
     fails = failures(result)
     if fails:

@@ -57,8 +57,11 @@ def plot_attention(result: dict) -> Figure:
         ax.grid(alpha=0.3)
         ax.set_title(f"D = {d}, {'causal' if causal else 'non-causal'}")
     axes[0].legend(fontsize=8)
+    rounds = result.get("rounds", 1)
+    harness = ("every provider called eagerly, do_bench median"
+               + (f" of {rounds} interleaved rounds" if rounds > 1 else ""))
     fig.suptitle(_title(result, f"attention {result['mode']} ({result['dtype']}), "
-                                f"FLOPs = {result['flops_formula']},"))
+                                f"FLOPs = {result['flops_formula']},") + "\n" + harness)
     return fig
 
 

@@ -518,6 +518,8 @@ TILE_IDEAS = [
      "128x128w8s3 o0"),
     ("causal heavy-first over 8 heads, 128 x 64 (D 64)", "exp9", 64, "128x64w4s3 o8",
      "128x64w4s3 o0"),
+    ("causal heavy-first over 8 heads, 64 x 64 (D 128)", "exp9", 128, "64x64w4s3 o8",
+     "64x64w4s3 o0"),
     ("causal masked blocks first (D 64)", "exp9", 64, "128x64w4s3 o8 mfirst", "128x64w4s3 o8"),
     ("packed fp16 exp2, ex2.approx.f16x2 (D 64)", "exp7", 64, "128x64w4s3 e16", "128x64w4s3"),
     ("packed fp16 exp2, ex2.approx.f16x2 (D 128)", "exp7", 128, "128x128w8s3 e16",

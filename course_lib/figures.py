@@ -52,6 +52,7 @@ MANIFEST = "MANIFEST.json"
 #: Every module with a module-level ``FIGURES`` dict (tests/test_figures.py checks the list is
 #: complete). Order: roughly the lesson order, which is also the order of images/MANIFEST.json.
 MODULES = (
+    "course_lib.widgets.launch",
     "course_lib.softmax",
     "course_lib.widgets.softmax_steps",
     "course_lib.roofline",
@@ -232,8 +233,33 @@ def figure_content(fig) -> dict:
     exist. ``compare_content`` compares two of these at the precision a reader can see.
     """
     return {"texts": _texts(fig),
+            "min_font_pt": _min_font_pt(fig),
             "axes": [{"scales": [ax.get_xscale(), ax.get_yscale()], "artists": _artists(ax)}
                      for ax in fig.axes]}
+
+
+def _min_font_pt(fig) -> float:
+    """The smallest font size (points) of any visible, non-empty text: with the dpi and the size
+    at which a slide places the figure, the smallest text a room must read."""
+    from matplotlib.text import Text
+
+    sizes = [t.get_fontsize() for t in fig.findobj(Text)
+             if t.get_visible() and t.get_text().strip() and t.get_figure() is not None
+             and _shown(t)]
+    return round(float(min(sizes)), 2) if sizes else 0.0
+
+
+def _shown(text) -> bool:
+    """False for the tick labels matplotlib keeps but does not draw (outside the view)."""
+    axis = getattr(text, "axes", None)
+    if axis is None:
+        return True
+    for a in (axis.xaxis, axis.yaxis):
+        for tick in a.get_major_ticks() + a.get_minor_ticks():
+            if text in (tick.label1, tick.label2):
+                lo, hi = sorted(a.get_view_interval())
+                return tick.get_visible() and lo <= tick.get_loc() <= hi and text.get_visible()
+    return True
 
 
 def _numbers(x):

@@ -3,6 +3,7 @@
     python -m course_lib.results            # every fact, its text and where it is quoted
     python -m course_lib.results --check    # does every README, deck and lesson quote its facts?
     python -m course_lib.results --write    # rewrite README.md's measured table from the data
+    python -m course_lib.results --rewrite-from HEAD   # after a new run: update the quotes
 
 One function, ``facts()``, computes every number that the README, the slide decks (slides/,
 slides/zh/) and the lessons (notebooks/) state in prose: from course_lib's models (hardware,
@@ -717,13 +718,78 @@ def check(f: dict | None = None) -> list[str]:
     return problems
 
 
+def facts_at(rev: str) -> dict[str, Fact]:
+    """``facts()`` computed from course_lib/data/ as it was at git revision ``rev``."""
+    import subprocess
+    import tempfile
+
+    from course_lib.bench import common
+
+    global DATA
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in DATA.iterdir():
+            rel = path.relative_to(ROOT).as_posix()
+            proc = subprocess.run(["git", "show", f"{rev}:{rel}"], cwd=ROOT,
+                                  capture_output=True)
+            if proc.returncode == 0:
+                (Path(tmp) / path.name).write_bytes(proc.stdout)
+        saved = DATA, common.DATA_DIR
+        DATA = common.DATA_DIR = Path(tmp)
+        try:
+            return facts()
+        finally:
+            DATA, common.DATA_DIR = saved
+
+
+def _quote_files(fact: Fact) -> list[Path]:
+    files = [deck_path(d, lang) for d in fact.decks for lang in LANGS]
+    files += [ROOT / "notebooks" / f"{nb}.ipynb" for nb in fact.notebooks]
+    return files
+
+
+def rewrite_quotes(old: dict, new: dict) -> list[str]:
+    """Where a fact's text changed (new data), replace the old text by the new one in every
+    deck and notebook that quotes it, when it occurs there exactly once; report the rest."""
+    done, left = [], []
+    for key, fact in new.items():
+        before = old.get(key)
+        if before is None or before.text == fact.text:
+            continue
+        for path in _quote_files(fact):
+            text = path.read_text()
+            if fact.text in text:
+                continue
+            def quoted(t):
+                return json.dumps(t, ensure_ascii=False)[1:-1] if path.suffix == ".ipynb" else t
+
+            needle = quoted(before.text)
+            shared = [k for k, f in old.items() if k != key and f.text == before.text
+                      and path in _quote_files(f)]
+            if text.count(needle) == 1 and not shared:
+                replacement = quoted(fact.text)
+                path.write_text(text.replace(needle, replacement))
+                done.append(f"{path.relative_to(ROOT)}: {key} {before.text!r} -> {fact.text!r}")
+            else:
+                why = (f"the old text is also {shared}" if shared else
+                       f"{text.count(needle)} occurrences of the old text")
+                left.append(f"{path.relative_to(ROOT)}: {key} {before.text!r} -> {fact.text!r} "
+                            f"({why}: by hand)")
+    return done + [f"LEFT: {x}" for x in left]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib.results", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="check every quote")
     parser.add_argument("--write", action="store_true",
                         help="rewrite README.md's measured table from the data")
+    parser.add_argument("--rewrite-from", metavar="REV",
+                        help="after new measurements: replace each changed fact's old text "
+                             "(from the data at git revision REV) in the decks and notebooks")
     args = parser.parse_args(argv)
+    if args.rewrite_from:
+        for line in rewrite_quotes(facts_at(args.rewrite_from), facts()):
+            print(line)
     if args.write:
         print("README.md", "rewritten" if write_readme() else "already up to date")
         return 0

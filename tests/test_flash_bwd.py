@@ -337,16 +337,21 @@ def test_exercise_solutions_pass_their_checkers(capsys):
     assert ex.check_attention_backward(ex.attention_backward_solution)
     assert ex.check_delta(ex.delta_solution)
     assert ex.check_standard_backward_elements(ex.standard_backward_elements_solution)
-    assert ex.check_delta_kernel(ex.delta_triton_solution)
+    assert ex.check_delta_kernel(ex._delta_solution)
+    assert ex.check_dkdv(ex._dkdv_solution)
 
     def stub(*args):
         raise NotImplementedError
 
     for checker in (ex.check_attention_backward, ex.check_delta,
-                    ex.check_standard_backward_elements, ex.check_delta_kernel):
-        assert not checker(stub)
+                    ex.check_standard_backward_elements):
+        assert checker(stub).status == "todo"
+    for checker, kernel in ((ex.check_delta_kernel, ex.delta_kernel),
+                            (ex.check_dkdv, ex.dkdv_kernel)):
+        assert checker(kernel).status == "todo"
+        assert not checker(stub)  # a Python function is not a kernel
     assert not ex.check_delta(lambda o, do: (o * do).sum(-2))  # wrong axis: a message, no crash
-    assert "Hint" in capsys.readouterr().out
+    assert "Nudge" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------------------------------------

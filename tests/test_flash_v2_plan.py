@@ -296,8 +296,10 @@ def test_exercise_solutions_pass_and_stubs_do_not_crash(capsys):
                               (ex.check_max_stages, ex.max_stages_solution),
                               (ex.check_two_numbers, ex.two_numbers_solution)):
         assert checker(solution)
-        assert not checker(stub)
-    assert "Hint" in capsys.readouterr().out
+        assert checker(stub).status == "todo"
+    # a wrong answer is reported with a nudge
+    assert not ex.check_max_stages(lambda *a: 1)
+    assert "Nudge" in capsys.readouterr().out
     # a wrong answer is reported with where it differs
     assert not ex.check_block_kinds(lambda *a: ["masked"] * len(ex.block_kinds_solution(*a)))
     assert not ex.check_block_kinds(lambda *a: ["maybe"])

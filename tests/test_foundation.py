@@ -115,15 +115,21 @@ def test_testing_helpers():
                         verbose=False)
 
 
-def test_exercise_checker_hints_instead_of_crashing(capsys):
+def test_exercise_checker_hint_ladder_instead_of_crashing(capsys):
+    """Before a first attempt only "not done yet" (no hint); a wrong attempt gets what is wrong
+    (yours against expected) and the first rung; a right one passes."""
     def stub(x):
         raise NotImplementedError
 
-    r = exercises.check("double", stub, lambda x: 2 * x, [(1.0,)], hint="multiply by two")
-    assert not r and "multiply by two" in capsys.readouterr().out
-    r = exercises.check("double", lambda x: x + 1, lambda x: 2 * x, [(3.0,)], hint="h")
-    assert not r and "got" in r.message and "expected" in r.message
-    assert exercises.check("double", lambda x: x * 2, lambda x: 2 * x, [(3.0,)], hint="h")
+    r = exercises.check("double", stub, lambda x: 2 * x, [(1.0,)], hints=("multiply by two",))
+    out = capsys.readouterr().out
+    assert not r and r.status == "todo" and "not done yet" in out
+    assert "multiply by two" not in out
+    r = exercises.check("double", lambda x: x + 1, lambda x: 2 * x, [(3.0,)],
+                        hints=("multiply by two",))
+    assert not r and r.status == "wrong"
+    assert "yours" in r.message and "expected" in r.message and "multiply by two" in r.message
+    assert exercises.check("double", lambda x: x * 2, lambda x: 2 * x, [(3.0,)], hints=("h",))
 
 
 def test_readme_quick_start_is_two_commands():

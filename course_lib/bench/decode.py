@@ -9,6 +9,8 @@ times at every shape
 
 * ``flash_decode`` (``course_lib.kernels.decode``): split-KV + LSE merge;
 * ``paged_decode``: the same cache scattered into 16-token pages in a random physical order;
+* ``flash_attn_v2``: the course's prefill kernel (lesson 08) called with the one query row: its
+  grid has one program per (query block, head), B·H programs at N_q = 1, whatever N is;
 * ``sdpa-FLASH_ATTENTION``, ``sdpa-CUDNN_ATTENTION``, ``sdpa-MATH``: PyTorch's
   ``scaled_dot_product_attention`` with one backend forced. GQA at N_q = 1 is handed to SDPA in
   two layouts, and each backend keeps the faster: the G = H/H_kv query heads of a group as G
@@ -64,8 +66,8 @@ from course_lib.bench.common import (
 H, H_KV, D, N_Q = 32, 8, 128, 1
 BATCHES = (1, 8)
 SEQ_LENS = (4096, 32768, 131072)
-PROVIDERS = ("flash_decode", "paged_decode", "sdpa-FLASH_ATTENTION", "sdpa-CUDNN_ATTENTION",
-             "sdpa-MATH")
+PROVIDERS = ("flash_decode", "paged_decode", "flash_attn_v2", "sdpa-FLASH_ATTENTION",
+             "sdpa-CUDNN_ATTENTION", "sdpa-MATH")
 BLOCK_SIZE = 16
 SDPA_LAYOUTS = ("rows", "gqa")
 HARNESS = {
@@ -120,7 +122,8 @@ def _ratio(a, b):
 def table(result: dict) -> str:
     """Per provider and shape: latency as a CUDA-graph replay and called eagerly (µs), and the
     graph time's KV bandwidth as a fraction of the copy bandwidth."""
-    short = {"flash_decode": "flash", "paged_decode": "paged", "sdpa-FLASH_ATTENTION": "FA",
+    short = {"flash_decode": "flash", "paged_decode": "paged", "flash_attn_v2": "v2",
+             "sdpa-FLASH_ATTENTION": "FA",
              "sdpa-CUDNN_ATTENTION": "cuDNN", "sdpa-MATH": "MATH"}
     rows, cols = [], ["B", "N"]
     for p in result["providers"]:
@@ -258,6 +261,10 @@ class GPUMeasure:
                                         d["lens"], validate=validate,
                                         num_splits=cfg.get("num_splits"),
                                         config=cfg.get("config"))
+        if name == "flash_attn_v2":  # the prefill kernel asked to decode: one program per
+            from course_lib.kernels.flash_v2 import flash_attn_v2  # (query block, head)
+
+            return lambda: flash_attn_v2(d["q"], d["k"], d["v"], causal=True)
         if name.startswith("sdpa-"):
             backend = name[5:]
             B = shape["B"]
@@ -327,7 +334,7 @@ class GPUMeasure:
                 rec["error"] = "; ".join(f"{k}: {r.get('error')}" for k, r in layouts.items())
             return rec
         rec = self._time(self.fn(name, shape), {})
-        if rec.get("ms_eager") is not None:
+        if rec.get("ms_eager") is not None and name != "flash_attn_v2":
             rec["ms_eager_default"] = median_ms(self.fn(name, shape, validate=True),
                                                 warmup_ms=self.warmup_ms, rep_ms=self.rep_ms)
         return rec

@@ -1,33 +1,230 @@
-"""Exercise checkers: a spec, a student's function, one ``check(...)`` call.
+"""Exercises: a spec, a stub the student fills in, one ``check(...)`` call that teaches.
 
-Introduced in notebooks/00_setup.ipynb. Reference solutions live beside the checkers in
-``course_lib.exercises.<lesson>`` and are tested; the notebooks do not show them.
+Introduced in notebooks/00_setup.ipynb. Every exercise of the course is registered here, in one
+catalogue, by the module of its lesson (``course_lib.exercises.<topic>``):
 
-An unfinished exercise (the stub raises ``NotImplementedError`` or returns ``None``) prints a
-hint and returns False instead of raising, so a notebook still runs top to bottom.
+* an ``Exercise`` (kind ``"python"`` or ``"triton"``): its lesson, what the student writes, the
+  stub the notebook shows, a checker, the reference solution, the mistakes students really make
+  (at least two wrong answers, each of which the checker must refuse) and a ladder of hints;
+* a ``Question`` (kind ``"question"``): a think-question's worked answer, and for a question
+  with a number, the number and its tolerance.
+
+In a notebook:
+
+    check_axpy(axpy_kernel)   # ✗ not done yet  /  ✗ what is wrong and a nudge  /  ✓ passed
+    hint("axpy")              # the next rung of the hint ladder
+    solution("axpy")          # the reference solution: only when asked for by name
+    answer("ridge_think")     # the worked answer of a think-question
+    check_answer("merge_bytes", 2.1e6)   # a think-question's number
+
+The ladder: before a first attempt (the stub still raises ``NotImplementedError``, returns
+None, or a kernel still has ``...  # TODO`` lines) a checker says only that the exercise is not
+done yet. A wrong attempt gets what is wrong (which case, which value, the student's output
+against the expected one) and the first rung; ``hint(name)`` climbs; ``solution(name)`` prints
+the reference. A notebook run with its stubs prints no solution and none of its key lines
+(tests/test_exercises.py). Triton exercises run the student's kernel in the interpreter with
+every load and store checked (``course_lib.exercises.sandbox``): a missing mask is a message,
+not a dead Jupyter kernel.
+
+    python -m course_lib.exercises list              # one line per exercise
+    python -m course_lib.exercises verify            # solutions pass, wrong answers fail
+    python -m course_lib.exercises solution NAME     # the reference solution
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib
+import inspect
+import textwrap
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
+#: The modules that register exercises, in lesson order (each calls ``register`` at import).
+LESSON_MODULES = (
+    "course_lib.exercises.setup",            # 00
+    "course_lib.exercises.softmax",          # 01, 01b
+    "course_lib.exercises.matmul",           # 02, 03
+    "course_lib.exercises.attention",        # 04, 05, 06
+    "course_lib.exercises.triton_flash_v1",  # 07
+    "course_lib.exercises.flash_v2",         # 08, 09
+    "course_lib.exercises.backward",         # 10
+    "course_lib.exercises.decode",           # 11, 12, 13
+    "course_lib.exercises.llama",            # 14
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Results and the catalogue
+# ---------------------------------------------------------------------------------------------
 
 @dataclass
 class Result:
-    """What a checker found; truthy when the exercise is solved."""
+    """What a checker found; truthy when the exercise is solved.
+
+    ``status``: "todo" (the stub is untouched), "wrong" (an attempt that fails) or "passed".
+    """
 
     name: str
     passed: bool
     message: str
+    status: str = ""
+
+    def __post_init__(self):
+        if not self.status:
+            self.status = "passed" if self.passed else "wrong"
 
     def __bool__(self) -> bool:
         return self.passed
 
     def __repr__(self) -> str:
-        return f"{self.name}: {'passed' if self.passed else 'not yet'}"
+        return f"{self.name}: {self.status}"
 
+
+@dataclass(frozen=True)
+class Mistake:
+    """A wrong answer students really give: ``answer`` must fail the checker, and the message
+    must contain ``expect`` (what a student would be told)."""
+
+    label: str
+    answer: Callable
+    expect: str = ""
+
+
+@dataclass
+class Exercise:
+    name: str                     # unique, used by hint(), solution(), the catalogue
+    lesson: str                   # notebook stem, e.g. "00_setup"
+    kind: str                     # "python" or "triton"
+    writes: str                   # what the student writes, in a few words
+    lines: int                    # about how many lines that is
+    check: Callable               # check(student, show=True) -> Result
+    solution: Callable            # the reference: a function, or a @triton.jit kernel
+    stub: Callable                # what the notebook shows (raises, or has ... # TODO lines)
+    mistakes: tuple = ()          # Mistake(...), at least two
+    hints: tuple = ()             # the ladder, from a nudge to nearly there; never the answer
+    extra: tuple = ()             # more source to print with the solution (a launcher)
+
+
+@dataclass
+class Question:
+    name: str
+    lesson: str
+    asks: str                     # the question, in a line
+    answer: str                   # the worked answer (markdown-ish text)
+    value: float | None = None    # the number, for a question that has one
+    rtol: float = 0.02
+    kind: str = field(default="question", init=False)
+
+
+_REGISTRY: dict[str, Exercise | Question] = {}
+_HINTS_SHOWN: dict[str, int] = {}
+
+
+def register(item: Exercise | Question) -> Exercise | Question:
+    """Add an exercise or question to the catalogue (its lesson module does, at import)."""
+    if item.name in _REGISTRY and _REGISTRY[item.name] is not item:
+        raise ValueError(f"exercise {item.name!r} registered twice")
+    if isinstance(item, Exercise):
+        if item.kind not in ("python", "triton"):
+            raise ValueError(f"{item.name}: kind must be 'python' or 'triton', got {item.kind!r}")
+        if len(item.mistakes) < 2:
+            raise ValueError(f"{item.name}: register at least two wrong answers")
+        if not item.hints:
+            raise ValueError(f"{item.name}: give at least one hint")
+    _REGISTRY[item.name] = item
+    return item
+
+
+def catalogue() -> dict[str, Exercise | Question]:
+    """Every exercise and question of the course, in lesson order."""
+    for module in LESSON_MODULES:
+        importlib.import_module(module)
+    order = {m: i for i, m in enumerate(sorted({e.lesson for e in _REGISTRY.values()}))}
+    return dict(sorted(_REGISTRY.items(), key=lambda kv: (order[kv[1].lesson],
+                                                            list(_REGISTRY).index(kv[0]))))
+
+
+def _get(name: str):
+    items = catalogue()
+    if name not in items:
+        close = [n for n in items if name.lower() in n.lower()]
+        raise KeyError(f"no exercise or question named {name!r}"
+                       + (f"; did you mean {close}?" if close else
+                          "; python -m course_lib.exercises list shows them all"))
+    return items[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# The ladder: hint, solution, answer
+# ---------------------------------------------------------------------------------------------
+
+def hint(name: str) -> str:
+    """Print the next hint of exercise ``name`` (the first is the nudge a wrong attempt gets)."""
+    ex = _get(name)
+    if isinstance(ex, Question):
+        text = f"{name} is a question: answer('{name}') shows the worked answer."
+    else:
+        level = _HINTS_SHOWN.get(name, 0)
+        if level < len(ex.hints):
+            _HINTS_SHOWN[name] = level + 1
+            text = f"hint {level + 1} of {len(ex.hints)} for {name}: {ex.hints[level]}"
+        else:
+            text = (f"That was the last hint for {name}. The reference solution: "
+                    f"solution('{name}').")
+    print(text)
+    return text
+
+
+def solution_source(name: str) -> str:
+    """The reference solution's source text (and any launcher it needs)."""
+    ex = _get(name)
+    if isinstance(ex, Question):
+        return ex.answer
+    from course_lib.exercises.sandbox import python_function
+
+    parts = [textwrap.dedent(inspect.getsource(python_function(ex.solution)))]
+    parts += [textwrap.dedent(inspect.getsource(python_function(f))) for f in ex.extra]
+    return "\n\n".join(p.rstrip() for p in parts)
+
+
+def solution(name: str) -> None:
+    """Print the reference solution of exercise ``name``: asked for by name, never shown
+    otherwise."""
+    print(f"# reference solution of {name!r}\n" + solution_source(name))
+
+
+def answer(name: str) -> None:
+    """Print the worked answer of think-question ``name``."""
+    q = _get(name)
+    if not isinstance(q, Question):
+        raise KeyError(f"{name!r} is an exercise: hint('{name}') and solution('{name}')")
+    body = q.answer if "\n" in q.answer else textwrap.fill(q.answer, 96)
+    print(f"{q.asks}\n\n{body}")
+
+
+def check_answer(name: str, value, show: bool = True) -> Result:
+    """Check the number a think-question asks for (within its relative tolerance)."""
+    q = _get(name)
+    if not isinstance(q, Question) or q.value is None:
+        raise KeyError(f"{name!r} is not a question with a number")
+    if value is None or value is ...:
+        return _report(Result(name, False, "not done yet: put your number in place of ...",
+                              "todo"), show)
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return _report(Result(name, False, f"expected a number, got {value!r}"), show)
+    ok = np.isclose(v, q.value, rtol=q.rtol, atol=0)
+    msg = (f"{v:.4g} is right (within {q.rtol:.0%}); answer('{name}') shows the worked answer"
+           if ok else f"{v:.4g} is not it (off by more than {q.rtol:.0%}). Check the units "
+           f"and every factor; answer('{name}') shows the worked answer")
+    return _report(Result(name, bool(ok), msg), show)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking a Python function
+# ---------------------------------------------------------------------------------------------
 
 def _as_array(x):
     try:
@@ -42,8 +239,16 @@ def _as_array(x):
     return np.asarray(x, dtype=np.float64)
 
 
+def _show(a) -> str:
+    a = np.asarray(a)
+    if a.size <= 12:
+        return np.array2string(a, precision=4, separator=", ", threshold=12)
+    return f"array of shape {a.shape}"
+
+
 def _compare(got, want, rtol, atol) -> str | None:
-    """None if equal within tolerance, else a description of where they differ."""
+    """None if equal within tolerance, else where they differ: the student's output, the
+    expected one, the first index that differs and how many do."""
     if isinstance(want, tuple):
         if not isinstance(got, tuple) or len(got) != len(want):
             return f"expected a tuple of {len(want)} values, got {type(got).__name__}"
@@ -53,37 +258,19 @@ def _compare(got, want, rtol, atol) -> str | None:
                 return f"item {i}: {why}"
         return None
     if np.shape(got) != np.shape(want):
-        return f"shape {np.shape(got)} but expected {np.shape(want)}"
+        return f"your output has shape {np.shape(got)}, expected {np.shape(want)}"
     close = np.isclose(got, want, rtol=rtol, atol=atol, equal_nan=True)
     if close.all():
         return None
     idx = tuple(int(i) for i in np.argwhere(~close)[0])
-    return (f"{int((~close).sum())} of {close.size} values differ; first at index {idx}: "
-            f"got {np.asarray(got)[idx]!r}, expected {np.asarray(want)[idx]!r}")
-
-
-def check(name: str, student: Callable, spec: Callable, cases, hint: str,
-          rtol: float = 1e-6, atol: float = 1e-9, show: bool = True) -> Result:
-    """Run ``student(*args)`` and ``spec(*args)`` on every case and compare.
-
-    ``cases`` is a list of argument tuples (seeded by the caller, so failures reproduce).
-    """
-    for n, args in enumerate(cases):
-        try:
-            got = student(*args)
-        except NotImplementedError:
-            return _report(Result(name, False, f"not written yet. Hint: {hint}"), show)
-        except Exception as exc:  # a student's bug is a message, not a crash
-            why = f"case {n} raised {type(exc).__name__}: {exc}. Hint: {hint}"
-            return _report(Result(name, False, why), show)
-        if got is None:
-            return _report(Result(name, False, f"returned None (unfinished?). Hint: {hint}"), show)
-        want = spec(*args)
-        why = _compare(_as_array(got), _as_array(want), rtol, atol)
-        if why:
-            why = f"case {n} ({_describe(args)}): {why}. Hint: {hint}"
-            return _report(Result(name, False, why), show)
-    return _report(Result(name, True, f"all {len(cases)} cases match"), show)
+    got_a, want_a = np.asarray(got), np.asarray(want)
+    where = f"index {idx}: yours {float(got_a[idx]):.6g}, expected {float(want_a[idx]):.6g}"
+    if np.isnan(got_a[idx]) and not np.isnan(want_a[idx]):
+        where += " (NaN: never written, or a 0/0 or inf − inf)"
+    text = f"{int((~close).sum())} of {close.size} values differ; first at {where}"
+    if got_a.size <= 12:
+        text += f"\n    yours:    {_show(got_a)}\n    expected: {_show(want_a)}"
+    return text
 
 
 def _describe(args) -> str:
@@ -92,6 +279,153 @@ def _describe(args) -> str:
         shape = getattr(a, "shape", None)
         parts.append(f"shape {tuple(shape)}" if shape is not None else repr(a))
     return ", ".join(parts)
+
+
+#: Nudges for failures every Triton exercise shares (``check_kernel``), by what the message says.
+KERNEL_NUDGES = {
+    "out of bounds": "a load or store without a mask (or with a mask that lets one lane too "
+                     "many through) touches memory outside its tensor; mask every access whose "
+                     "block can hang over the end.",
+    "NaN: never written": "some outputs were never written: does every program write its own "
+                          "block (program_id), and does the grid cover every element?",
+}
+
+
+def _nudge(name: str, hints, message: str = "", nudges=None) -> str:
+    """The first rung, or a nudge chosen by what went wrong (``nudges``: {text in the message:
+    nudge}), and where to get more."""
+    if not hints:
+        return ""
+    first = next((n for key, n in (nudges or {}).items() if key in message), hints[0])
+    more = f" More: hint('{name}')." if len(hints) > 1 or first != hints[0] else ""
+    return f"\n  Nudge: {first}{more}"
+
+
+TODO = "not done yet: write the lines marked TODO, then run this cell again."
+
+
+def check(name: str, student: Callable, spec: Callable, cases, hints=(),
+          rtol: float = 1e-6, atol: float = 1e-9, show: bool = True, describe=None,
+          nudges=None, hint=None) -> Result:
+    """Run ``student(*args)`` and ``spec(*args)`` on every case and compare.
+
+    ``cases`` is a list of argument tuples (seeded by the caller, so failures reproduce);
+    ``describe(args)`` names a case in words (default: shapes and values). ``hints``: the
+    ladder (a str is one rung); a wrong attempt gets the first, or the entry of ``nudges``
+    ({text in the failure message: nudge}) that matches what went wrong.
+    """
+    hints = (hints,) if isinstance(hints, str) else tuple(hints)
+    if hint is not None:  # a single rung, the older spelling
+        hints = (hint,) + hints
+    from course_lib.exercises.sandbox import is_kernel
+
+    if is_kernel(student):
+        return _report(Result(name, False, "this exercise asks for a Python function, not a "
+                              "@triton.jit kernel"), show)
+    for n, args in enumerate(cases):
+        label = describe(args) if describe else _describe(args)
+        try:
+            got = student(*args)
+        except NotImplementedError:
+            return _report(Result(name, False, TODO, "todo"), show)
+        except Exception as exc:  # a student's bug is a message, not a crash
+            why = f"case {n} ({label}) raised {type(exc).__name__}: {exc}"
+            return _report(Result(name, False, why + _nudge(name, hints, why, nudges)), show)
+        if got is None:
+            if n == 0:
+                return _report(Result(name, False, TODO + " (it returns None)", "todo"), show)
+            why = f"case {n} ({label}) returned None"
+            return _report(Result(name, False, why + _nudge(name, hints, why, nudges)), show)
+        want = spec(*args)
+        why = _compare(_as_array(got), _as_array(want), rtol, atol)
+        if why:
+            why = f"case {n} ({label}): {why}"
+            return _report(Result(name, False, why + _nudge(name, hints, why, nudges)), show)
+    return _report(Result(name, True, f"all {len(cases)} cases match"), show)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking a Triton kernel
+# ---------------------------------------------------------------------------------------------
+
+def check_kernel(name: str, kernel, prepare: Callable, spec: Callable, cases, hints=(),
+                 rtol: float = 1e-5, atol: float = 1e-6, show: bool = True,
+                 describe=None, nudges=None) -> Result:
+    """A Triton exercise: run the student's ``@triton.jit`` kernel on every case and compare.
+
+    ``prepare(*case) -> (grid, args, outputs)`` lays out one launch: the grid, the kernel's
+    arguments by the skeleton's parameter names, and the output tensors (poisoned with NaN, so
+    an element never written fails). ``spec(*case)`` gives the expected outputs. Cases hold CPU
+    tensors. Every case first runs in the interpreter with each load and store checked
+    (``sandbox``); on a GPU the kernel then runs compiled on CUDA copies of the same cases.
+    ``nudges`` add to ``KERNEL_NUDGES`` (a missing mask, unwritten outputs).
+    """
+    import torch
+
+    from course_lib._device import DEVICE
+    from course_lib.exercises import sandbox
+
+    hints = (hints,) if isinstance(hints, str) else tuple(hints)
+    if not sandbox.is_kernel(kernel):
+        what = type(kernel).__name__
+        return _report(Result(name, False, f"this exercise asks for a @triton.jit kernel, and "
+                              f"got a {what}: an answer in PyTorch or NumPy does not count. "
+                              "Fill in the kernel above (keep its @triton.jit line) and pass "
+                              "the kernel itself."), show)
+    left = sandbox.blanks(kernel)
+    if left:
+        return _report(Result(name, False, f"not done yet: {left} line{'s' * (left > 1)} of "
+                              "the kernel still read `...  # TODO`. Write them, then run "
+                              "this cell again.", "todo"), show)
+
+    def outputs_tuple(outs):
+        return outs if isinstance(outs, tuple) else (outs,)
+
+    def one_run(n, case, compiled: bool):
+        label = describe(case) if describe else _describe(case)
+        grid, args, outs = prepare(*case)
+        try:
+            if compiled:
+                kernel[grid](**args)
+                torch.cuda.synchronize()
+                oob = None
+            else:
+                tensors = {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
+                oob = sandbox.run(kernel, grid, args, tensors)
+        except Exception as exc:  # the student's kernel raised or did not compile
+            return f"case {n} ({label}): your kernel raised {sandbox.describe(exc)}"
+        if oob:
+            return f"case {n} ({label}): {oob}"
+        got = tuple(o.float() for o in outputs_tuple(outs))
+        want = tuple(w.float() for w in outputs_tuple(spec(*case)))
+        why = _compare(_as_array(got if len(got) > 1 else got[0]),
+                       _as_array(want if len(want) > 1 else want[0]), rtol, atol)
+        return None if why is None else (f"case {n} ({label})"
+                                         + (", compiled on the GPU" if compiled else "")
+                                         + f": {why}")
+
+    passes = [False] + ([True] if DEVICE == "cuda" else [])
+    for compiled in passes:
+        for n, case in enumerate(cases):
+            if compiled:
+                case = tuple(c.cuda() if isinstance(c, torch.Tensor) else c for c in case)
+            why = one_run(n, case, compiled)
+            if why:
+                nudge = _nudge(name, hints, why, {**KERNEL_NUDGES, **(nudges or {})})
+                return _report(Result(name, False, why + nudge), show)
+    where = "in the interpreter and compiled on the GPU" if len(passes) > 1 else \
+        "in the interpreter, every load and store in bounds"
+    return _report(Result(name, True, f"all {len(cases)} cases match, {where}"), show)
+
+
+def poisoned(*shape, like=None, dtype=None, device=None):
+    """An output tensor filled with NaN: an element the kernel never writes fails the check."""
+    import torch
+
+    if like is not None:
+        dtype = dtype or like.dtype
+        device = device or like.device
+    return torch.full(shape, float("nan"), dtype=dtype or torch.float32, device=device)
 
 
 def _report(result: Result, show: bool) -> Result:

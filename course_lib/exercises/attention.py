@@ -1,40 +1,140 @@
 """Exercises of notebooks/04_attention_io, 05_one_pass_attention and 06_flash_v1_algorithm.
 
-Each ``check_*`` takes the student's function, runs it on seeded cases and compares it with the
-reference solution beside it (``*_solution``, tested in tests/test_iomodel_attention.py).
+* 04 ``standard_io``: the elements a framework's attention moves through HBM, with the causal
+  mask and dropout run as kernels of their own (a variant of the lesson's closed form, for
+  N_q != N_k: the formula of section 3 alone does not pass);
+* 05 ``one_pass_step``: one key's step of 1-pass attention for many rows, masked scores
+  (−∞) included, also at a row's very first step;
+* 06 ``rescale_update``: one (j, i) step of Algorithm 1; ``paper_block_sizes``: B_r and B_c for
+  an SRAM of M elements.
+
+Each is registered (``course_lib.exercises``) with the stub the notebook shows, its reference
+solution (``*_solution``, also tested in tests/test_iomodel_attention.py), the mistakes
+students make, and a ladder of hints. The think-questions of the three lessons are registered
+here too.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
-from course_lib.exercises import check
-from course_lib.iomodel.attention import paper_block_sizes, standard_attention_io
+from course_lib.exercises import Exercise, Mistake, Question, Result, check, register
+from course_lib.iomodel.attention import flash_attention_io, paper_block_sizes
 
-# --- 04: standard attention's HBM traffic ----------------------------------------------------
-
-def standard_io_solution(N, d):
-    """Elements standard attention moves for one head: Q, K read, S written; S read, P written;
-    P, V read, O written."""
-    return 2 * N * d + N * N + N * N + N * N + N * N + N * d + N * d
+# --- 04: standard attention's HBM traffic, as a training framework runs it ------------------
 
 
-def check_standard_io(student):
-    cases = [(1, 1), (128, 64), (1000, 80), (4096, 128)]
-    return check("standard attention's HBM elements", student,
-                 lambda N, d: standard_attention_io(N, N, d)["elements"], cases, rtol=0, atol=0,
-                 hint="list the 8 HBM operations of the three kernels; S and P are N×N, "
-                      "Q, K, V, O are N×d")
+def standard_io(N_q, N_k, d, causal=False, dropout=False):
+    # TODO: add up what each kernel reads from HBM and writes to it
+    raise NotImplementedError
+
+
+def standard_io_solution(N_q, N_k, d, causal=False, dropout=False):
+    """Q, K read and S written; each extra kernel (mask, dropout) reads and writes an N_q×N_k
+    matrix, as the softmax does; P, V read and O written."""
+    return 2 * N_q * d + 2 * N_k * d + (4 + 2 * causal + 2 * dropout) * N_q * N_k
+
+
+def _framework_kernels(N_q, N_k, d, causal=False, dropout=False):
+    """(kernel, elements read, elements written) of each kernel, in the order they run."""
+    scores = N_q * N_k
+    kernels = [("S = QKᵀ", N_q * d + N_k * d, scores)]
+    if causal:
+        kernels.append(("causal mask", scores, scores))
+    kernels.append(("softmax", scores, scores))
+    if dropout:
+        kernels.append(("dropout", scores, scores))
+    kernels.append(("O = PV", scores + N_k * d, N_q * d))
+    return kernels
+
+
+def _standard_io_spec(N_q, N_k, d, causal=False, dropout=False):
+    return sum(r + w for _, r, w in _framework_kernels(N_q, N_k, d, causal, dropout))
+
+
+STANDARD_IO_HINTS = (
+    "list the kernels that run for these flags, in order, and for each one what it reads from "
+    "HBM and what it writes there (section 2 does this for the three kernels of the plain "
+    "case); then add up.",
+    "Q and O are N_q × d, K and V are N_k × d; every matrix handed from one kernel to the next "
+    "(S, the masked S, P, the dropped P) is N_q × N_k, not N × N.",
+    "a matrix handed on is written by one kernel and read by the next: it costs its size "
+    "twice. In arithmetic, True counts as 1 and False as 0.",
+)
+
+
+def check_standard_io(student, show: bool = True) -> Result:
+    """``student(N_q, N_k, d, causal, dropout)``: elements moved through HBM for one head."""
+    cases = [(1, 1, 1, False, False), (128, 128, 64, False, False), (100, 300, 64, False, False),
+             (100, 300, 64, True, False), (300, 100, 80, False, True),
+             (1000, 1000, 128, True, True), (4096, 1024, 64, True, True)]
+    return check("standard_io", student, _standard_io_spec, cases, hints=STANDARD_IO_HINTS,
+                 rtol=0, atol=0, show=show,
+                 describe=lambda c: "N_q = {}, N_k = {}, d = {}, causal = {}, dropout = {}"
+                 .format(*c))
+
+
+register(Exercise(
+    name="standard_io", lesson="04_attention_io", kind="python",
+    writes="HBM elements of standard attention with mask and dropout kernels", lines=1,
+    check=check_standard_io, solution=standard_io_solution, stub=standard_io,
+    mistakes=(Mistake("the closed form of section 3, N_q = N_k = N",
+                      lambda N_q, N_k, d, causal=False, dropout=False:
+                      4 * N_q * d + 4 * N_q * N_q, "values differ"),
+              Mistake("the three kernels only, the flags ignored",
+                      lambda N_q, N_k, d, causal=False, dropout=False:
+                      2 * N_q * d + 2 * N_k * d + 4 * N_q * N_k, "causal = True"),
+              Mistake("an extra kernel counted once (its write, not the next kernel's read)",
+                      lambda N_q, N_k, d, causal=False, dropout=False:
+                      2 * N_q * d + 2 * N_k * d + (4 + causal + dropout) * N_q * N_k,
+                      "values differ"),
+              Mistake("the score matrices as N_q × N_q",
+                      lambda N_q, N_k, d, causal=False, dropout=False:
+                      2 * N_q * d + 2 * N_k * d + (4 + 2 * causal + 2 * dropout) * N_q * N_q,
+                      "values differ")),
+    hints=STANDARD_IO_HINTS))
+
+
+def _fused_share(N=4096, d=64):
+    fused = _standard_io_spec(N, N, d)  # S = QKᵀ, one mask+softmax+dropout kernel, O = PV
+    return fused / _standard_io_spec(N, N, d, True, True)
+
+
+register(Question(
+    name="q04_fused_share", lesson="04_attention_io",
+    asks="If one kernel applies the causal mask, the softmax and dropout (it reads S and writes "
+         "the dropped P), what fraction of the five-kernel traffic is left at N_q = N_k = 4096, "
+         "d = 64? Which term did fusing remove, and which is left?",
+    answer="Five kernels move 4Nd + 8N² elements: the mask and dropout kernels each read and "
+           "write an N × N matrix. The fused kernel reads S once and writes P once, so the "
+           "three kernels move 4Nd + 4N², the same as plain standard attention. The fraction "
+           "left is (4Nd + 4N²)/(4Nd + 8N²) = (d + N)/(d + 2N) = 4160/8256 ≈ 0.504: about "
+           "half. Fusing the element-wise kernels removed the extra 4N²; the 4N² of writing S "
+           "and P to HBM and reading them back is left, and it grows with N² while the useful "
+           "4Nd grows with N. It goes only when the two matmuls are fused with the softmax "
+           "too, so that S and P never leave the chip: FlashAttention (lesson 06).",
+    value=_fused_share()))
 
 
 # --- 05: one step of 1-pass attention ---------------------------------------------------------
 
+
+def one_pass_step(o, m, l, x, v_j):
+    # TODO: the new maximum, the new normaliser, then the rescaled o plus the new term
+    raise NotImplementedError
+
+
 def one_pass_step_solution(o, m, l, x, v_j):
     """After key j, for every row: o (rows, d), m and l (rows,), the new score x (rows,) and
-    v_j (d,). Returns (o′, m′, l′): o′ is the output over the keys seen so far."""
+    v_j (d,). Returns (o′, m′, l′): o′ is the output over the keys seen so far. A masked score
+    is x = −∞; a row that has seen no key yet keeps o = 0, m = −∞, l = 0."""
     m_new = torch.maximum(m, x)
-    alpha, p = torch.exp(m - m_new), torch.exp(x - m_new)
+    shift = torch.where(m_new == float("-inf"), 0.0, m_new)  # e^(−∞ − (−∞)) would be NaN
+    alpha, p = torch.exp(m - shift), torch.exp(x - shift)
     l_new = l * alpha + p
-    o_new = o * (l * alpha / l_new)[:, None] + (p / l_new)[:, None] * v_j[None, :]
+    inv_l = 1.0 / torch.where(l_new > 0, l_new, 1.0)  # l′ = 0: no key seen yet, o′ stays 0
+    o_new = o * (l * alpha * inv_l)[:, None] + (p * inv_l)[:, None] * v_j[None, :]
     return o_new, m_new, l_new
 
 
@@ -49,17 +149,104 @@ def _one_pass_cases():
             o, m, l = torch.zeros_like(o), torch.full_like(m, float("-inf")), torch.zeros_like(l)
         x = torch.randn(rows, generator=gen, dtype=torch.float64) * 2
         cases.append((o, m, l, x, torch.randn(d, generator=gen, dtype=torch.float64)))
+    # Masked scores (causal): rows 0-2 at their first key, rows 3-5 later; rows 0, 1, 3, 4
+    # masked. Rows 0 and 1 have seen no key before nor now: they stay o = 0, m = -inf, l = 0.
+    o = torch.randn(6, 4, generator=gen, dtype=torch.float64)
+    m = torch.randn(6, generator=gen, dtype=torch.float64)
+    l = torch.rand(6, generator=gen, dtype=torch.float64) * 3 + 1
+    o[:3], m[:3], l[:3] = 0.0, float("-inf"), 0.0
+    x = torch.randn(6, generator=gen, dtype=torch.float64) * 2
+    x[[0, 1, 3, 4]] = float("-inf")
+    cases.append((o, m, l, x, torch.randn(4, generator=gen, dtype=torch.float64)))
     return cases
 
 
-def check_one_pass_step(student):
-    return check("one step of 1-pass attention", student, one_pass_step_solution,
-                 _one_pass_cases(), rtol=1e-9, atol=1e-12,
-                 hint="m′ = max(m, x); rescale the old o by l·e^(m − m′)/l′ and add "
-                      "e^(x − m′)/l′ · v_j; l′ = l·e^(m − m′) + e^(x − m′)")
+def _describe_one_pass(case) -> str:
+    o, m, _, x, _ = case
+    masked = int(torch.isinf(x).sum())
+    first = int(torch.isinf(m).sum())
+    return (f"{o.shape[0]} rows, d = {o.shape[1]}, {first} at their first key, "
+            f"{masked} scores masked (−∞); outputs (o, m, l)")
+
+
+ONE_PASS_HINTS = (
+    "o′ must be the attention output over the keys seen so far (section 3). The old o is "
+    "normalised by the old ℓ against the old max: undo that, move it to the new max, add the "
+    "new key's term, and divide by the new ℓ.",
+    "a masked score is x = −∞. At a row's very first key m is −∞ too, so m′ = −∞ and "
+    "e^(m − m′) = e^(−∞ + ∞) is NaN. Where m′ is −∞, subtract 0 instead (section 4): such a "
+    "row has seen no key and keeps o = 0, ℓ = 0.",
+    "work on all rows at once: torch.maximum, torch.exp and torch.where act elementwise on "
+    "(rows,) vectors; f[:, None] makes a per-row factor a column that scales o row by row, "
+    "v_j[None, :] a row. Dividing by ℓ′ = 0 needs its own guard.",
+)
+ONE_PASS_NUDGES = {
+    "NaN": "a NaN where the expected value is a number: at a masked score (x = −∞) of a row's "
+           "first key, m and m′ are both −∞, and e^(−∞ − (−∞)) is NaN. Section 4 says what the "
+           "library does there.",
+    "item 1": "o′ matches, m′ does not: the running max after this key is the larger of the "
+              "old max and the new score.",
+    "item 2": "o′ and m′ match, ℓ′ does not: the old ℓ was a sum against the old max; move it "
+              "to the new max before adding the new key's term.",
+}
+
+
+def check_one_pass_step(student, show: bool = True) -> Result:
+    return check("one_pass_step", student, one_pass_step_solution, _one_pass_cases(),
+                 hints=ONE_PASS_HINTS, nudges=ONE_PASS_NUDGES, rtol=1e-9, atol=1e-12,
+                 show=show, describe=_describe_one_pass)
+
+
+def _one_pass_unguarded(o, m, l, x, v_j):
+    m_new = torch.maximum(m, x)
+    alpha, p = torch.exp(m - m_new), torch.exp(x - m_new)
+    l_new = l * alpha + p
+    o_new = o * (l * alpha / l_new)[:, None] + (p / l_new)[:, None] * v_j[None, :]
+    return o_new, m_new, l_new
+
+
+def _one_pass_no_alpha_on_o(o, m, l, x, v_j):
+    _, m_new, l_new = one_pass_step_solution(o, m, l, x, v_j)
+    safe_l = torch.where(l_new > 0, l_new, 1.0)
+    p = torch.exp(x - torch.where(m_new == float("-inf"), 0.0, m_new))
+    return o * (l / safe_l)[:, None] + (p / safe_l)[:, None] * v_j[None, :], m_new, l_new
+
+
+def _one_pass_l_not_rescaled(o, m, l, x, v_j):
+    o_new, m_new, l_new = one_pass_step_solution(o, m, l, x, v_j)
+    p = torch.exp(x - torch.where(m_new == float("-inf"), 0.0, m_new))
+    return o_new, m_new, l + p
+
+
+def _one_pass_not_renormalised(o, m, l, x, v_j):
+    _, m_new, l_new = one_pass_step_solution(o, m, l, x, v_j)
+    shift = torch.where(m_new == float("-inf"), 0.0, m_new)
+    alpha, p = torch.exp(m - shift), torch.exp(x - shift)
+    return o * alpha[:, None] + p[:, None] * v_j[None, :], m_new, l_new
+
+
+register(Exercise(
+    name="one_pass_step", lesson="05_one_pass_attention", kind="python",
+    writes="one key's step of 1-pass attention for many rows, masked scores included", lines=6,
+    check=check_one_pass_step, solution=one_pass_step_solution, stub=one_pass_step,
+    mistakes=(Mistake("no guard: e^(−∞ − (−∞)) at a masked first key", _one_pass_unguarded,
+                      "NaN"),
+              Mistake("the old o rescaled by ℓ/ℓ′, its factor e^(m − m′) forgotten",
+                      _one_pass_no_alpha_on_o, "item 0"),
+              Mistake("ℓ′ = ℓ + e^(x − m′), the old ℓ not moved to the new max",
+                      _one_pass_l_not_rescaled, "item 2"),
+              Mistake("o kept unnormalised (v2's accumulator) while the spec wants o′",
+                      _one_pass_not_renormalised, "item 0")),
+    hints=ONE_PASS_HINTS))
 
 
 # --- 06: Algorithm 1's rescale update of O, and block sizes for an SRAM -----------------------
+
+
+def rescale_update(O_i, l_i, m_i, S_ij, V_j):
+    # TODO: block statistics (m̃, P̃, l̃), then the new m and ℓ, then the new O_i
+    raise NotImplementedError
+
 
 def rescale_update_solution(O_i, l_i, m_i, S_ij, V_j):
     """One (j, i) step of FlashAttention v1 (no mask, no dropout).
@@ -89,20 +276,146 @@ def _rescale_cases():
             O, l, m = torch.zeros_like(O), torch.zeros_like(l), torch.full_like(m, float("-inf"))
         S = torch.randn(B_r, B_c, generator=gen, dtype=torch.float64) * 2
         cases.append((O, l, m, S, torch.randn(B_c, d, generator=gen, dtype=torch.float64)))
+    # A block whose scores are lower than the running max in half of the rows: there the old
+    # state keeps its scale and the block is scaled down.
+    O, S = (torch.randn(6, n, generator=gen, dtype=torch.float64) for n in (3, 4))
+    l = torch.rand(6, generator=gen, dtype=torch.float64) * 4 + 1
+    m = S.amax(dim=-1) + torch.tensor([2.0, -1.0, 0.5, -0.5, 3.0, -2.0], dtype=torch.float64)
+    cases.append((O, l, m, S, torch.randn(4, 3, generator=gen, dtype=torch.float64)))
     return cases
 
 
-def check_rescale_update(student):
-    return check("the rescale update of O (Algorithm 1, lines 9-13)", student,
-                 rescale_update_solution, _rescale_cases(), rtol=1e-9, atol=1e-12,
-                 hint="m̃ = rowmax(S), P̃ = exp(S − m̃), l̃ = rowsum(P̃); m_new = max(m_i, m̃); "
-                      "l_new = e^(m_i − m_new)·l_i + e^(m̃ − m_new)·l̃; O_i ← (l_i·e^(m_i − m_new)"
-                      "·O_i + e^(m̃ − m_new)·P̃V_j) / l_new")
+def _describe_rescale(case) -> str:
+    O, _, m, S, _ = case
+    first = "the first K/V block (m = −∞)" if torch.isinf(m).all() else "a later K/V block"
+    return f"B_r = {S.shape[0]}, B_c = {S.shape[1]}, d = {O.shape[1]}, {first}; outputs (O, l, m)"
 
 
-def check_block_sizes(student):
+RESCALE_HINTS = (
+    "two stages (section 1): summarise the block on its own (its row max, the exponentials "
+    "against that max, their row sum), then merge the summary with the m_i, ℓ_i, O_i read "
+    "from HBM.",
+    "the merge moves everything to the new max, the larger of m_i and m̃: the old state was "
+    "computed against m_i, the block's summary against m̃, and each gets its own factor "
+    "e^(its max − the new max), in ℓ and in O alike.",
+    "O_i is stored normalised: multiply by ℓ_i to undo that before rescaling, and divide by the "
+    "new ℓ at the end. amax(dim=-1) and sum(dim=-1) reduce rows; a per-row (B_r,) factor needs "
+    "[:, None] to scale a (B_r, d) matrix.",
+)
+
+
+RESCALE_NUDGES = {
+    "item 1": "O_i matches, ℓ does not: l̃ sums exponentials against the block's own max, "
+              "and the new ℓ adds ℓ_i and l̃, each moved to the new max by its own factor.",
+    "item 2": "O_i and ℓ match, m does not: the new m is the larger of m_i and the block's max.",
+}
+
+
+def check_rescale_update(student, show: bool = True) -> Result:
+    return check("rescale_update", student, rescale_update_solution, _rescale_cases(),
+                 hints=RESCALE_HINTS, nudges=RESCALE_NUDGES, rtol=1e-9, atol=1e-12, show=show,
+                 describe=_describe_rescale)
+
+
+def _rescale_parts(O_i, l_i, m_i, S_ij, V_j, subtract_block_max=True):
+    m_tilde = S_ij.amax(dim=-1)
+    P_tilde = torch.exp(S_ij - m_tilde[:, None]) if subtract_block_max else torch.exp(S_ij)
+    m_new = torch.maximum(m_i, m_tilde)
+    return (P_tilde, P_tilde.sum(dim=-1), m_new, torch.exp(m_i - m_new),
+            torch.exp(m_tilde - m_new))
+
+
+def _rescale_no_alpha(O_i, l_i, m_i, S_ij, V_j):
+    P, l_t, m_new, alpha, beta = _rescale_parts(O_i, l_i, m_i, S_ij, V_j)
+    l_new = alpha * l_i + beta * l_t
+    return (l_i[:, None] * O_i + beta[:, None] * (P @ V_j)) / l_new[:, None], l_new, m_new
+
+
+def _rescale_no_beta(O_i, l_i, m_i, S_ij, V_j):
+    P, l_t, m_new, alpha, beta = _rescale_parts(O_i, l_i, m_i, S_ij, V_j)
+    l_new = alpha * l_i + beta * l_t
+    return ((l_i * alpha)[:, None] * O_i + P @ V_j) / l_new[:, None], l_new, m_new
+
+
+def _rescale_unshifted_exp(O_i, l_i, m_i, S_ij, V_j):
+    P, l_t, m_new, alpha, beta = _rescale_parts(O_i, l_i, m_i, S_ij, V_j, False)
+    l_new = alpha * l_i + beta * l_t
+    return ((l_i * alpha)[:, None] * O_i + beta[:, None] * (P @ V_j)) / l_new[:, None], l_new, \
+        m_new
+
+
+def _rescale_plain_sum(O_i, l_i, m_i, S_ij, V_j):
+    P, l_t, m_new, alpha, beta = _rescale_parts(O_i, l_i, m_i, S_ij, V_j)
+    l_new = l_i + l_t
+    return ((l_i * alpha)[:, None] * O_i + beta[:, None] * (P @ V_j)) / l_new[:, None], l_new, \
+        m_new
+
+
+register(Exercise(
+    name="rescale_update", lesson="06_flash_v1_algorithm", kind="python",
+    writes="one (j, i) step of Algorithm 1: m̃, P̃, l̃, the new m, ℓ and O_i", lines=7,
+    check=check_rescale_update, solution=rescale_update_solution, stub=rescale_update,
+    mistakes=(Mistake("the old O_i without e^(m_i − m_new)", _rescale_no_alpha, "item 0"),
+              Mistake("P̃V_j without e^(m̃ − m_new)", _rescale_no_beta, "item 0"),
+              Mistake("P̃ = exp(S_ij), the block max not subtracted", _rescale_unshifted_exp,
+                      "values differ"),
+              Mistake("ℓ_new = ℓ_i + l̃, the sums not moved to the new max", _rescale_plain_sum,
+                      "values differ")),
+    hints=RESCALE_HINTS))
+
+
+def block_sizes(M, d):
+    # TODO: B_c from M and d, then B_r
+    raise NotImplementedError
+
+
+BLOCK_HINTS = (
+    "SRAM holds Q_i, K_j, V_j and O_i at once (section 6): which have B_r rows, which B_c? The "
+    "paper sizes B_c from M first, then B_r from B_c and d.",
+    "a block has a whole number of rows, and the paper rounds up: where M is not a multiple "
+    "of 4d, // gives one row too few.",
+    "B_r never exceeds the head dim. Return the pair in the order (B_r, B_c).",
+)
+
+
+def check_block_sizes(student, show: bool = True) -> Result:
     cases = [(98304, 64), (98304, 128), (65536, 64), (1000, 10), (64, 64), (300, 16)]
-    return check("block sizes for an SRAM of M elements", student, paper_block_sizes, cases,
-                 rtol=0, atol=0,
-                 hint="B_c = ⌈M / (4d)⌉ (Q_i, K_j, V_j, O_i must fit); B_r = min(B_c, d); "
-                      "math.ceil, not //")
+    return check("paper_block_sizes", student, paper_block_sizes, cases, hints=BLOCK_HINTS,
+                 rtol=0, atol=0, show=show, describe=lambda c: f"M = {c[0]}, d = {c[1]}")
+
+
+register(Exercise(
+    name="paper_block_sizes", lesson="06_flash_v1_algorithm", kind="python",
+    writes="B_r and B_c of Algorithm 1 for an SRAM of M elements", lines=2,
+    check=check_block_sizes, solution=paper_block_sizes, stub=block_sizes,
+    mistakes=(Mistake("M // (4d): rounded down",
+                      lambda M, d: (min(M // (4 * d), d), M // (4 * d)), "values differ"),
+              Mistake("B_r = d, no min with B_c",
+                      lambda M, d: (d, math.ceil(M / (4 * d))), "values differ"),
+              Mistake("(B_c, B_r): the pair swapped",
+                      lambda M, d: paper_block_sizes(M, d)[::-1], "values differ")),
+    hints=BLOCK_HINTS))
+
+
+def _largest_useful_M(N=4096, d=64):
+    """The M past which v1's traffic stops falling: T_c = ⌈N / B_c⌉ reaches 1 there."""
+    M = 4 * d * (N - 1)  # B_c = N − 1 here; one element more gives B_c = N, T_c = 1
+    assert flash_attention_io(N, d, M + 1)["elements"] < flash_attention_io(N, d, M)["elements"]
+    assert flash_attention_io(N, d, M + 1)["elements"] == flash_attention_io(N, d, 2 * M)[
+        "elements"]
+    return M
+
+
+register(Question(
+    name="q06_largest_useful_M", lesson="06_flash_v1_algorithm",
+    asks="With B_c = ⌈M/4d⌉ and B_r = min(B_c, d), what is the largest SRAM size M (in "
+         "elements) at which a larger M still reduces v1's traffic, for N = 4096, d = 64?",
+    answer="v1's traffic depends on M only through T_c = ⌈N/B_c⌉ (section 5: 2Nd + T_cN(2d+2) "
+           "reads, (1 + T_c)N(d+2) writes; B_r does not appear). It falls each time T_c drops, "
+           "and the last drop is to T_c = 1, when one K/V block holds all N keys: B_c ≥ N, "
+           "i.e. ⌈M/256⌉ ≥ 4096, i.e. M > 256·4095 = 1 048 320. Up to M = 1 048 320 "
+           "elements a larger M can still help (one more element makes T_c = 1); past it, "
+           "nothing changes. That is about 4Nd = 2^20 elements, 2 MiB in fp16: ten times an "
+           "A100 SM's 192 KiB, so at this N real GPUs never get there. Between drops the "
+           "traffic is flat: T_c = 2 for M from 256·2047 + 1 to 256·4095, for example.",
+    value=_largest_useful_M()))

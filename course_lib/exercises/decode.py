@@ -1,50 +1,153 @@
-"""Exercises of notebooks/11_kv_cache_gqa.ipynb, 12_flash_decoding.ipynb and
-13_paged_attention.ipynb.
+"""Exercises and think-questions of notebooks/11_kv_cache_gqa.ipynb, 12_flash_decoding.ipynb
+and 13_paged_attention.ipynb.
 
-* 11: ``check_kv_bytes_per_token`` — the KV cache's bytes per token of a model shape;
-* 12: ``check_merge_partials`` — Flash-Decoding's reduction: merge per-split (o_s, lse_s);
-* 13: ``check_physical_slot`` — a block table lookup: logical position -> (block, offset);
-  ``check_shared_blocks`` — blocks used by parallel samples sharing their prompt.
+* 11: ``kv_bytes_per_token`` (Python) — the KV cache's bytes per token of a model shape;
+* 12: ``merge_partials`` (Python) — Flash-Decoding's reduction for one query row, in NumPy;
+  ``merge_kernel`` (Triton) — the same merge as a kernel, one program per query row: the
+  student writes the stable merge (the max, the weights, the masked read of o_s, the sums);
+* 13: ``physical_slot`` (Python) — a block-table lookup, logical position -> (block, offset);
+  ``paged_gather`` (Triton) — gather a paged K cache into a contiguous one: the student writes
+  the block-table address computation; ``shared_blocks`` (Python) — blocks used by parallel
+  samples that share their prompt, with copy-on-write.
 
-The reference solutions are the ``*_solution`` functions below (tested in
-tests/test_decode.py and tests/test_kvcache.py); the notebooks do not show them.
+The reference solutions are the ``*_solution`` functions and kernels below (also tested in
+tests/test_decode.py and tests/test_kvcache.py); the notebooks show only the stubs.
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
+import torch
+import triton
+import triton.language as tl
 
-from course_lib.exercises import Result, check
+from course_lib.exercises import (
+    Exercise,
+    Mistake,
+    Question,
+    check,
+    check_kernel,
+    poisoned,
+    register,
+)
+from course_lib.iomodel import decode as io
 
-# ------------------------------------------------------------------------------ lesson 11
+# ============================================================================== lesson 11
 
-KV_HINT = ("every layer stores one key and one value vector per K/V head: "
-           "2 · n_layers · n_kv_heads · head_dim numbers, each bytes_per_el bytes")
+
+# --- what the notebook shows ----------------------------------------------------------------
+def kv_bytes_per_token(n_layers, n_kv_heads, head_dim, bytes_per_el=2):
+    # TODO: keys and values, every layer, every K/V head
+    raise NotImplementedError
 
 
 def kv_bytes_per_token_solution(n_layers, n_kv_heads, head_dim, bytes_per_el=2):
     return 2 * n_layers * n_kv_heads * head_dim * bytes_per_el
 
 
-def check_kv_bytes_per_token(student) -> Result:
-    """``student(n_layers, n_kv_heads, head_dim, bytes_per_el) -> bytes`` per token."""
-    cases = [(32, 32, 128, 2),   # Llama-2-7B, fp16
+def _kv_keys_only(n_layers, n_kv_heads, head_dim, bytes_per_el=2):
+    return n_layers * n_kv_heads * head_dim * bytes_per_el
+
+
+def _kv_numbers_not_bytes(n_layers, n_kv_heads, head_dim, bytes_per_el=2):
+    return 2 * n_layers * n_kv_heads * head_dim
+
+
+def _kv_one_layer(n_layers, n_kv_heads, head_dim, bytes_per_el=2):
+    return 2 * n_kv_heads * head_dim * bytes_per_el
+
+
+KV_HINTS = (
+    "list what one token leaves behind in one layer: a key vector and a value vector for each "
+    "K/V head (not for each query head: GQA shares them).",
+    "a vector has head_dim numbers and a number takes bytes_per_el bytes; every layer keeps "
+    "its own keys and values.",
+    "check your function by hand on Llama-2-13B in fp16 (40 layers, 40 K/V heads, D = 128): "
+    "section 2 prints its MB per token.",
+)
+
+_KV_CASES = [(32, 32, 128, 2),   # Llama-2-7B, fp16
              (40, 40, 128, 2),   # Llama-2-13B
              (80, 8, 128, 2),    # Llama-2-70B (GQA)
              (48, 8, 128, 1),    # Qwen2.5-14B with an 8-bit cache
              (24, 1, 64, 4)]     # MQA, fp32
-    return check("KV bytes per token", student, kv_bytes_per_token_solution, cases, hint=KV_HINT)
 
 
-# ------------------------------------------------------------------------------ lesson 12
+def check_kv_bytes_per_token(student, show: bool = True):
+    """``student(n_layers, n_kv_heads, head_dim, bytes_per_el) -> bytes`` per token."""
+    return check("kv_bytes_per_token", student, kv_bytes_per_token_solution, _KV_CASES,
+                 hints=KV_HINTS, show=show,
+                 describe=lambda c: (f"{c[0]} layers, {c[1]} K/V heads, D = {c[2]}, "
+                                     f"{c[3]} byte{'s' * (c[3] > 1)} a number"))
 
-MERGE_HINT = ("lse = log Σ_s e^(lse_s) (subtract the largest lse_s first, as in a safe "
-              "log-sum-exp); each split's weight is e^(lse_s - lse); o = Σ_s weight_s · o_s. "
-              "Return (o, lse)")
-MERGE_EMPTY_HINT = ("an empty split has lse_s = -inf and an o_s that may be anything (even NaN): "
-                    "give it weight 0 without multiplying its o_s (np.where), and if every split "
-                    "is empty return o = 0, lse = -inf")
+
+register(Exercise(
+    name="kv_bytes_per_token", lesson="11_kv_cache_gqa", kind="python",
+    writes="the KV cache's bytes per token of a model shape", lines=1,
+    check=check_kv_bytes_per_token, solution=kv_bytes_per_token_solution,
+    stub=kv_bytes_per_token,
+    mistakes=(Mistake("keys only, no values", _kv_keys_only, "values differ"),
+              Mistake("numbers, not bytes", _kv_numbers_not_bytes, "values differ"),
+              Mistake("one layer only", _kv_one_layer, "values differ")),
+    hints=KV_HINTS))
+
+
+_GQA4 = dict(B=1, H=32, H_kv=8, L=32768, D=128)  # section 4's GQA-4 row
+_spec1 = io.decode_attention_io(N_q=1, **_GQA4)
+_spec5 = io.decode_attention_io(N_q=5, **_GQA4)
+
+
+def _ridge(key: str = "H100-SXM") -> float:
+    from course_lib import hardware
+
+    return hardware.get_gpu(key).ridge_point("fp16")
+
+
+register(Question(
+    name="q11_speculative", lesson="11_kv_cache_gqa",
+    asks="Speculative decoding verifies N_q = 5 draft tokens in one step. What happens to the "
+         "arithmetic intensity (GQA-4, L = 32k) and to the time of the step? When is attention "
+         "compute-bound again?",
+    answer=(
+        f"The bytes hardly move: K and V are read once whatever N_q is "
+        f"({_spec1['kv_bytes'] / 2**20:.0f} MiB for H_kv = 8, L = 32768, D = 128), and q and o "
+        f"grow from {_spec1['qo_bytes'] / 1024:.0f} KiB to {_spec5['qo_bytes'] / 1024:.0f} KiB. "
+        f"The FLOPs grow 5x (every cached key meets 5 queries per head). So the intensity goes "
+        f"from {_spec1['intensity']:.2f} to {_spec5['intensity']:.2f} FLOP/byte (about G·N_q = "
+        f"4·5 = 20), and the step's time stays at the memory floor: 5 tokens checked for the "
+        f"price of one, which is why speculative decoding pays. Attention turns compute-bound "
+        f"when G·N_q reaches the ridge point: {_ridge():.0f} FLOP/byte on an H100 in fp16, so "
+        f"N_q ≈ {_ridge() / 4:.0f} with groups of 4 — the regime of prefill, where the kernels "
+        f"of lessons 07–10 are the right tool."),
+    value=_spec5["intensity"]))
+
+_13b = io.MODELS["Llama-2-13B"]
+_fp16_bytes = io.kv_bytes_per_token(_13b)
+_int8_bytes = io.kv_bytes_per_token(_13b, bytes_per_el=1)
+
+register(Question(
+    name="q11_int8_cache", lesson="11_kv_cache_gqa",
+    asks="Quantising the cache to 8 bits halves its bytes. Which numbers of the lesson change, "
+         "and by how much? (Llama-2-13B's bytes per token with an 8-bit cache?)",
+    answer=(
+        f"Everything that counts cache bytes halves, everything that counts FLOPs stays. Bytes "
+        f"per token: Llama-2-13B goes from {_fp16_bytes:,.0f} to {_int8_bytes:,.0f} bytes "
+        f"({_int8_bytes / 1e6:.2f} MB). The cache of a conversation halves, and the tokens that "
+        f"fit next to the weights double (the weights are not quantised here). A decode step "
+        f"reads half the bytes for the same FLOPs: the intensity doubles (G·N_q becomes "
+        f"2·G·N_q FLOP per byte), still far below the ridge point, so the step stays "
+        f"memory-bound and its time floor halves. The programs, SMs and grid of section 5 do "
+        f"not change. (The kernel must also dequantise: a little arithmetic it has to spare.)"),
+    value=_int8_bytes))
+
+
+# ============================================================================== lesson 12
+
+# --- what the notebook shows: the NumPy merge -----------------------------------------------
+def merge_partials(o_parts, lse_parts):
+    # TODO: lse = log Σ e^{lse_s} (stably); weights e^{lse_s − lse}; o = Σ weights · o_s
+    raise NotImplementedError
 
 
 def merge_partials_solution(o_parts, lse_parts):
@@ -61,7 +164,31 @@ def merge_partials_solution(o_parts, lse_parts):
     return o, float(top + np.log(total))
 
 
+def _merge_no_max(o_parts, lse_parts):
+    with np.errstate(all="ignore"):
+        w = np.exp(np.asarray(lse_parts, dtype=np.float64))
+        return (w[:, None] * np.nan_to_num(o_parts)).sum(0) / w.sum(), float(np.log(w.sum()))
+
+
+def _merge_nan_parts(o_parts, lse_parts):
+    lse_parts = np.asarray(lse_parts, dtype=np.float64)
+    top = np.max(lse_parts)
+    with np.errstate(all="ignore"):
+        w = np.exp(lse_parts - top)
+        return (w[:, None] * o_parts).sum(0) / w.sum(), float(top + np.log(w.sum()))
+
+
+def _merge_plain_mean(o_parts, lse_parts):
+    lse_parts = np.asarray(lse_parts, dtype=np.float64)
+    used = np.isfinite(lse_parts)
+    top = lse_parts[used].max()
+    return (np.asarray(o_parts)[used].mean(0),
+            float(top + np.log(np.exp(lse_parts[used] - top).sum())))
+
+
 def _split_case(rng, n, bounds, d=4, scale=1.0):
+    """(o_parts, lse_parts) of one row of ``n`` scores cut at ``bounds``; an empty split gets
+    lse = -inf and an o_s of NaN (whatever a buffer held: never to be read)."""
     s = rng.standard_normal(n) * scale
     v = rng.standard_normal((n, d))
     o_parts, lse_parts = [], []
@@ -76,31 +203,424 @@ def _split_case(rng, n, bounds, d=4, scale=1.0):
     return np.array(o_parts), np.array(lse_parts)
 
 
-def check_merge_partials(student) -> Result:
-    """``student(o_parts, lse_parts) -> (o, lse)``: merge the splits of one query row."""
+def _merge_cases():
     rng = np.random.default_rng(12)
-    plain = [_split_case(rng, 40, [(0, 10), (10, 25), (25, 40)]),
-             _split_case(rng, 64, [(0, 64)]),
-             _split_case(rng, 30, [(0, 16), (16, 30)], scale=300.0)]  # e^lse overflows
-    first = check("merge partials", student, merge_partials_solution, plain, hint=MERGE_HINT,
-                  rtol=1e-9, atol=1e-12)
-    if not first:
-        return first
-    empty = [_split_case(rng, 20, [(0, 16), (16, 20), (32, 20)]),
-             (np.full((2, 4), np.nan), np.array([-np.inf, -np.inf]))]
-    return check("merge partials, empty splits", student, merge_partials_solution, empty,
-                 hint=MERGE_EMPTY_HINT, rtol=1e-9, atol=1e-12)
+    return [_split_case(rng, 40, [(0, 10), (10, 25), (25, 40)]),
+            _split_case(rng, 64, [(0, 64)]),
+            _split_case(rng, 30, [(0, 16), (16, 30)], scale=300.0),  # e^lse overflows
+            _split_case(rng, 20, [(0, 16), (16, 20), (32, 20)]),     # an empty split
+            (np.full((2, 4), np.nan), np.array([-np.inf, -np.inf]))]  # every split empty
 
 
-# ------------------------------------------------------------------------------ lesson 13
+def _describe_merge(args):
+    o_parts, lse_parts = args
+    S = len(lse_parts)
+    empty = int(np.isinf(lse_parts).sum())
+    text = f"{S} split{'s' * (S > 1)}"
+    if empty == S:
+        return text + ", every split empty (a row that sees no key)"
+    if empty:
+        text += f", {empty} empty (lse_s = −inf, o_s = NaN)"
+    top = np.max(lse_parts)
+    if top > 80:
+        text += f", lse_s up to {top:.0f}: e^lse_s overflows"
+    return text
 
-SLOT_HINT = ("logical block j = position // block_size holds the token at offset "
-             "position % block_size; the block table maps j to the physical block: "
-             "return (block_table[j], offset)")
-SHARED_HINT = ("the prompt's full blocks are stored once; the prompt's last, partly filled "
-               "block is shared too until a sample writes to it: every sample but the last "
-               "to write copies it (copy-on-write); then each sample needs its own blocks for "
-               "the rest of its tokens. Count physical blocks in use at the end")
+
+MERGE_HINTS = (
+    "work relative to the largest lse_s of the row, as in lesson 01's safe softmax: every "
+    "exponent is then ≤ 0 and no exponential overflows.",
+    "each split's weight is its share of the row's softmax mass: e^lse_s is the sum of the "
+    "split's e^s_j, so what fraction of the whole row's sum is it? The weights of the used "
+    "splits add up to 1.",
+    "an empty split has lse_s = −inf and an o_s that may be anything, even NaN: 0 · NaN is NaN, "
+    "so select (np.where) instead of multiplying by a zero weight. When every split is empty "
+    "the row saw no key: o is zeros and lse is −inf.",
+)
+MERGE_NUDGES = {
+    "every split empty": MERGE_HINTS[2],
+    "empty (lse_s": MERGE_HINTS[2],
+    "overflows": MERGE_HINTS[0],
+    "values differ": "finite but wrong numbers: does each o_s count in proportion to its "
+                     "split's share of the softmax mass, and do those shares add up to 1?",
+}
+
+
+def check_merge_partials(student, show: bool = True):
+    """``student(o_parts, lse_parts) -> (o, lse)``: merge the splits of one query row."""
+    return check("merge_partials", student, merge_partials_solution, _merge_cases(),
+                 hints=MERGE_HINTS, nudges=MERGE_NUDGES, rtol=1e-9, atol=1e-12, show=show,
+                 describe=_describe_merge)
+
+
+register(Exercise(
+    name="merge_partials", lesson="12_flash_decoding", kind="python",
+    writes="Flash-Decoding's merge of (o_s, lse_s) for one query row, in NumPy", lines=6,
+    check=check_merge_partials, solution=merge_partials_solution, stub=merge_partials,
+    mistakes=(Mistake("e^lse_s without subtracting the max", _merge_no_max, "overflows"),
+              Mistake("an empty split's NaN o_s times a zero weight", _merge_nan_parts, "NaN"),
+              Mistake("the mean of the o_s, no weights", _merge_plain_mean, "values differ")),
+    hints=MERGE_HINTS))
+
+
+# --- what the notebook shows: the merge kernel ----------------------------------------------
+@triton.jit
+def merge_kernel(O_PART, LSE_PART, OUT, LSE_OUT, S, D,
+                 BLOCK_S: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0)  # one query row; its splits are O_PART[row] (S, D), LSE_PART[row]
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    # pass 1: every split's lse_s (an empty split holds -inf)
+    offs_s = tl.arange(0, BLOCK_S)
+    lse_all = tl.load(LSE_PART + row * S + offs_s, mask=offs_s < S, other=float("-inf"))
+    lse_max = ...  # TODO: the largest lse_s of the row
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # every split empty: no -inf
+    # pass 2: add up the weighted o_s, CHUNK splits at a time
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    denom = tl.zeros([CHUNK], tl.float32)
+    for s0 in range(0, S, CHUNK):
+        offs_c = s0 + tl.arange(0, CHUNK)
+        lse_s = tl.load(LSE_PART + row * S + offs_c, mask=offs_c < S, other=float("-inf"))
+        used = ...  # TODO: True for the splits of this chunk that hold keys
+        w = ...  # TODO: each split's weight relative to lse_max (exactly 0 where not used)
+        o_mask = ...  # TODO: the (split, d) elements of o_s to read; never an empty split's
+        o_s = tl.load(O_PART + (row * S + offs_c)[:, None] * D + offs_d[None, :],
+                      mask=o_mask, other=0.0)  # (CHUNK, BLOCK_D)
+        acc = ...  # TODO: add this chunk's weighted o_s
+        denom = ...  # TODO: add this chunk's weights
+    total = tl.sum(denom, 0)
+    has_keys = total > 0.0  # False for a row whose splits are all empty
+    total_safe = tl.where(has_keys, total, 1.0)
+    o = ...  # TODO: the merged output (zeros for a row without keys)
+    lse = ...  # TODO: the row's log-sum-exp (-inf for a row without keys)
+    tl.store(OUT + row * D + offs_d, o, mask=d_ok)
+    tl.store(LSE_OUT + row, lse)
+
+
+# --- the reference and the mistakes students make ------------------------------------------
+@triton.jit
+def _merge_kernel_solution(O_PART, LSE_PART, OUT, LSE_OUT, S, D,
+                           BLOCK_S: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0)  # one query row; its splits are O_PART[row] (S, D), LSE_PART[row]
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    # pass 1: every split's lse_s (an empty split holds -inf)
+    offs_s = tl.arange(0, BLOCK_S)
+    lse_all = tl.load(LSE_PART + row * S + offs_s, mask=offs_s < S, other=float("-inf"))
+    lse_max = tl.max(lse_all, 0)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # every split empty: no -inf
+    # pass 2: add up the weighted o_s, CHUNK splits at a time
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    denom = tl.zeros([CHUNK], tl.float32)
+    for s0 in range(0, S, CHUNK):
+        offs_c = s0 + tl.arange(0, CHUNK)
+        lse_s = tl.load(LSE_PART + row * S + offs_c, mask=offs_c < S, other=float("-inf"))
+        used = lse_s > float("-inf")
+        w = tl.where(used, tl.exp(lse_s - lse_max), 0.0)
+        o_mask = used[:, None] & d_ok[None, :]
+        o_s = tl.load(O_PART + (row * S + offs_c)[:, None] * D + offs_d[None, :],
+                      mask=o_mask, other=0.0)  # (CHUNK, BLOCK_D)
+        acc = acc + tl.sum(o_s * w[:, None], 0)
+        denom = denom + w
+    total = tl.sum(denom, 0)
+    has_keys = total > 0.0  # False for a row whose splits are all empty
+    total_safe = tl.where(has_keys, total, 1.0)
+    o = acc / total_safe
+    lse = tl.where(has_keys, lse_max + tl.log(total_safe), float("-inf"))
+    tl.store(OUT + row * D + offs_d, o, mask=d_ok)
+    tl.store(LSE_OUT + row, lse)
+
+
+@triton.jit
+def _merge_kernel_no_max(O_PART, LSE_PART, OUT, LSE_OUT, S, D,
+                         BLOCK_S: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    denom = tl.zeros([CHUNK], tl.float32)
+    for s0 in range(0, S, CHUNK):
+        offs_c = s0 + tl.arange(0, CHUNK)
+        lse_s = tl.load(LSE_PART + row * S + offs_c, mask=offs_c < S, other=float("-inf"))
+        used = lse_s > float("-inf")
+        w = tl.where(used, tl.exp(lse_s), 0.0)  # e^lse_s: inf once lse_s > 88 in fp32
+        o_mask = used[:, None] & d_ok[None, :]
+        o_s = tl.load(O_PART + (row * S + offs_c)[:, None] * D + offs_d[None, :],
+                      mask=o_mask, other=0.0)
+        acc = acc + tl.sum(o_s * w[:, None], 0)
+        denom = denom + w
+    total = tl.sum(denom, 0)
+    has_keys = total > 0.0
+    total_safe = tl.where(has_keys, total, 1.0)
+    o = acc / total_safe
+    lse = tl.where(has_keys, tl.log(total_safe), float("-inf"))
+    tl.store(OUT + row * D + offs_d, o, mask=d_ok)
+    tl.store(LSE_OUT + row, lse)
+
+
+@triton.jit
+def _merge_kernel_reads_empty(O_PART, LSE_PART, OUT, LSE_OUT, S, D,
+                              BLOCK_S: tl.constexpr, CHUNK: tl.constexpr,
+                              BLOCK_D: tl.constexpr):
+    row = tl.program_id(0)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    offs_s = tl.arange(0, BLOCK_S)
+    lse_all = tl.load(LSE_PART + row * S + offs_s, mask=offs_s < S, other=float("-inf"))
+    lse_max = tl.max(lse_all, 0)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    denom = tl.zeros([CHUNK], tl.float32)
+    for s0 in range(0, S, CHUNK):
+        offs_c = s0 + tl.arange(0, CHUNK)
+        lse_s = tl.load(LSE_PART + row * S + offs_c, mask=offs_c < S, other=float("-inf"))
+        used = lse_s > float("-inf")
+        w = tl.where(used, tl.exp(lse_s - lse_max), 0.0)
+        o_mask = (offs_c < S)[:, None] & d_ok[None, :]  # reads the empty splits' o_s too
+        o_s = tl.load(O_PART + (row * S + offs_c)[:, None] * D + offs_d[None, :],
+                      mask=o_mask, other=0.0)
+        acc = acc + tl.sum(o_s * w[:, None], 0)  # 0 · NaN = NaN
+        denom = denom + w
+    total = tl.sum(denom, 0)
+    has_keys = total > 0.0
+    total_safe = tl.where(has_keys, total, 1.0)
+    o = acc / total_safe
+    lse = tl.where(has_keys, lse_max + tl.log(total_safe), float("-inf"))
+    tl.store(OUT + row * D + offs_d, o, mask=d_ok)
+    tl.store(LSE_OUT + row, lse)
+
+
+@triton.jit
+def _merge_kernel_no_d_mask(O_PART, LSE_PART, OUT, LSE_OUT, S, D,
+                            BLOCK_S: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    offs_s = tl.arange(0, BLOCK_S)
+    lse_all = tl.load(LSE_PART + row * S + offs_s, mask=offs_s < S, other=float("-inf"))
+    lse_max = tl.max(lse_all, 0)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    denom = tl.zeros([CHUNK], tl.float32)
+    for s0 in range(0, S, CHUNK):
+        offs_c = s0 + tl.arange(0, CHUNK)
+        lse_s = tl.load(LSE_PART + row * S + offs_c, mask=offs_c < S, other=float("-inf"))
+        used = lse_s > float("-inf")
+        w = tl.where(used, tl.exp(lse_s - lse_max), 0.0)
+        o_mask = used[:, None]  # no mask on d: BLOCK_D > D reads past the last row
+        o_s = tl.load(O_PART + (row * S + offs_c)[:, None] * D + offs_d[None, :],
+                      mask=o_mask, other=0.0)
+        acc = acc + tl.sum(o_s * w[:, None], 0)
+        denom = denom + w
+    total = tl.sum(denom, 0)
+    has_keys = total > 0.0
+    total_safe = tl.where(has_keys, total, 1.0)
+    o = acc / total_safe
+    lse = tl.where(has_keys, lse_max + tl.log(total_safe), float("-inf"))
+    tl.store(OUT + row * D + offs_d, o, mask=d_ok)
+    tl.store(LSE_OUT + row, lse)
+
+
+@triton.jit
+def _merge_kernel_exp2(O_PART, LSE_PART, OUT, LSE_OUT, S, D,
+                       BLOCK_S: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    offs_s = tl.arange(0, BLOCK_S)
+    lse_all = tl.load(LSE_PART + row * S + offs_s, mask=offs_s < S, other=float("-inf"))
+    lse_max = tl.max(lse_all, 0)
+    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    denom = tl.zeros([CHUNK], tl.float32)
+    for s0 in range(0, S, CHUNK):
+        offs_c = s0 + tl.arange(0, CHUNK)
+        lse_s = tl.load(LSE_PART + row * S + offs_c, mask=offs_c < S, other=float("-inf"))
+        used = lse_s > float("-inf")
+        w = tl.where(used, tl.math.exp2(lse_s - lse_max), 0.0)  # the lse_s are natural logs
+        o_mask = used[:, None] & d_ok[None, :]
+        o_s = tl.load(O_PART + (row * S + offs_c)[:, None] * D + offs_d[None, :],
+                      mask=o_mask, other=0.0)
+        acc = acc + tl.sum(o_s * w[:, None], 0)
+        denom = denom + w
+    total = tl.sum(denom, 0)
+    has_keys = total > 0.0
+    total_safe = tl.where(has_keys, total, 1.0)
+    o = acc / total_safe
+    lse = tl.where(has_keys, lse_max + tl.math.log2(total_safe), float("-inf"))
+    tl.store(OUT + row * D + offs_d, o, mask=d_ok)
+    tl.store(LSE_OUT + row, lse)
+
+
+def _merge_in_torch(o_part, lse_part):
+    w = torch.softmax(lse_part, dim=-1)
+    return (w[..., None] * o_part.nan_to_num()).sum(-2), torch.logsumexp(lse_part, -1)
+
+
+# --- the checker -----------------------------------------------------------------------------
+MERGE_CHUNK = 4
+
+
+def _row_bounds(rng, n_keys, S, empty_at=()):
+    """Cut ``n_keys`` keys into S runs (some empty): the splits of one query row."""
+    cuts = np.sort(rng.choice(np.arange(1, n_keys), size=S - 1 - len(empty_at), replace=False))
+    edges = [0, *cuts.tolist(), n_keys]
+    runs = [(edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
+    for s in sorted(empty_at):
+        runs.insert(s, (0, 0))
+    return runs
+
+
+def _merge_batch(seed, S, D, rows, scale=1.0):
+    """(o_part (R, S, D), lse_part (R, S)) fp32 for a list of rows, each ``None`` (every split
+    empty) or a tuple of the indices of its empty splits."""
+    rng = np.random.default_rng(seed)
+    o_all, lse_all = [], []
+    for empty_at in rows:
+        if empty_at is None:
+            o_all.append(np.full((S, D), np.nan))
+            lse_all.append(np.full(S, -np.inf))
+            continue
+        n = int(rng.integers(3 * S, 6 * S))
+        o, lse = _split_case(rng, n, _row_bounds(rng, n, S, empty_at), d=D, scale=scale)
+        o_all.append(o)
+        lse_all.append(lse)
+    return (torch.tensor(np.array(o_all), dtype=torch.float32),
+            torch.tensor(np.array(lse_all), dtype=torch.float32))
+
+
+def _merge_kernel_cases():
+    return [
+        (*_merge_batch(0, 4, 16, [(), (), ()]), "3 rows, 4 splits, D = 16"),
+        (*_merge_batch(1, 5, 20, [(3, 4), (1,), None, ()]),
+         "4 rows, S = 5, D = 20: empty splits (lse_s = −inf, o_s = NaN), a row with every "
+         "split empty"),
+        (*_merge_batch(2, 3, 8, [(), (2,)], scale=300.0),
+         "2 rows, 3 splits, D = 8, scores × 300: lse_s in the hundreds, e^lse_s overflows "
+         "fp32"),
+        (*_merge_batch(3, 13, 40, [(0, 5, 12), ()]),
+         "2 rows, S = 13 (4 chunks, the last one partial), D = 40"),
+    ]
+
+
+def prepare_merge(o_part, lse_part, label=""):
+    """One launch: one program per query row; o and lse poisoned."""
+    R, S, D = o_part.shape
+    out = poisoned(R, D, like=o_part)
+    lse = poisoned(R, like=lse_part)
+    args = dict(O_PART=o_part, LSE_PART=lse_part, OUT=out, LSE_OUT=lse, S=S, D=D,
+                BLOCK_S=triton.next_power_of_2(S), CHUNK=MERGE_CHUNK,
+                BLOCK_D=triton.next_power_of_2(D))
+    return (R,), args, (out, lse)
+
+
+def _merge_spec(o_part, lse_part, label=""):
+    o_np = o_part.detach().cpu().double().numpy()
+    lse_np = lse_part.detach().cpu().double().numpy()
+    merged = [merge_partials_solution(o_np[r], lse_np[r]) for r in range(len(lse_np))]
+    return (torch.tensor(np.array([m[0] for m in merged])),
+            torch.tensor([m[1] for m in merged], dtype=torch.float64))
+
+
+MERGE_KERNEL_HINTS = (
+    "the lesson's merge for one row: pass 1 finds the largest lse_s, pass 2 weighs every split "
+    "relative to it, so that no exponential sees a large positive number.",
+    "an empty split is marked by lse_s = −inf: it weighs exactly 0 (tl.where), and its o_s "
+    "must not even be loaded, since 0 · NaN is NaN. A load's mask decides what is read; "
+    "other=0.0 fills the rest.",
+    "the mask of the o_s load is 2-D, (CHUNK, BLOCK_D): a split that holds keys, and a "
+    "column inside the head dim D (BLOCK_D is a power of two, D need not be). Broadcast two "
+    "1-D masks with [:, None] and [None, :].",
+    "acc and denom are running sums over the chunks: of what, in section 1's merge? "
+    "tl.sum(x, 0) adds up the rows of a (CHUNK, BLOCK_D) block. At the end, remember that "
+    "every weight was taken relative to lse_max: what must o be divided by, and what does "
+    "the total say about the row's lse?",
+)
+MERGE_KERNEL_NUDGES = {
+    "NaN: never written": "a NaN where a number belongs: an exponential that overflowed "
+                          "(inf / inf), an empty split's o_s multiplied by its weight 0 "
+                          "(0 · NaN = NaN), or an element never stored. The case's "
+                          "description says what is special about it.",
+    "values differ": "finite but wrong numbers: are all weights taken relative to the same "
+                     "lse_max, in the base the partials were stored in (natural logs: e^x, "
+                     "not 2^x), and does the lse use the same base?",
+}
+
+
+def check_merge_kernel(kernel, show: bool = True):
+    """``kernel``: your ``@triton.jit`` merge kernel; one program per query row."""
+    return check_kernel("merge_kernel", kernel, prepare_merge, _merge_spec,
+                        _merge_kernel_cases(), hints=MERGE_KERNEL_HINTS,
+                        nudges=MERGE_KERNEL_NUDGES, show=show, rtol=1e-5, atol=1e-6,
+                        describe=lambda c: c[-1])
+
+
+register(Exercise(
+    name="merge_kernel", lesson="12_flash_decoding", kind="triton",
+    writes="the stable merge of the split-KV partials: max, weights, masked read, sums",
+    lines=8, check=check_merge_kernel, solution=_merge_kernel_solution, stub=merge_kernel,
+    extra=(prepare_merge,),
+    mistakes=(Mistake("e^lse_s without subtracting the max", _merge_kernel_no_max,
+                      "overflows fp32"),
+              Mistake("empty splits' NaN o_s read into the sum", _merge_kernel_reads_empty,
+                      "NaN"),
+              Mistake("the o_s load without its mask on d", _merge_kernel_no_d_mask,
+                      "tl.load out of bounds"),
+              Mistake("exp2 (and log2) on natural-log lse_s", _merge_kernel_exp2,
+                      "values differ"),
+              Mistake("an answer in PyTorch, no kernel", _merge_in_torch,
+                      "@triton.jit kernel")),
+    hints=MERGE_KERNEL_HINTS))
+
+
+# --- think-questions ------------------------------------------------------------------------
+_Q12_ROWS, _Q12_SPLITS, _Q12_D = 1 * 32 * 1, 64, 128  # B · H · N_q rows, 64 splits, D = 128
+_q12_o_bytes = _Q12_ROWS * _Q12_SPLITS * _Q12_D * 4
+_q12_lse_bytes = _Q12_ROWS * _Q12_SPLITS * 4
+_q12_parts = _q12_o_bytes + _q12_lse_bytes
+_kv128k = io.decode_attention_io(B=1, H=32, H_kv=8, N_q=1, L=131072, D=128)["kv_bytes"]
+_kv4k = io.decode_attention_io(B=1, H=32, H_kv=8, N_q=1, L=4096, D=128)["kv_bytes"]
+
+register(Question(
+    name="q12_partials_bytes", lesson="12_flash_decoding",
+    asks="B = 1, H = 32, D = 128, 64 splits: how many bytes of partial results does the split "
+         "kernel write (and the merge read), against K and V at N = 128k and at N = 4k?",
+    answer=(
+        f"One (o_s, lse_s) per query row and split, in fp32: {_Q12_ROWS} rows × "
+        f"{_Q12_SPLITS} splits × ({_Q12_D} + 1) × 4 bytes = {_q12_parts:,} bytes "
+        f"({_q12_o_bytes / 2**20:.0f} MiB of o_s, {_q12_lse_bytes // 1024} KiB of lse_s), "
+        f"written once and read once. K and V at N = 128k (H_kv = 8, fp16) are "
+        f"{_kv128k / 2**20:.0f} MiB: the partials add {2 * _q12_parts / _kv128k:.2%} of "
+        f"traffic (write + read). At N = 4k, K and V are {_kv4k / 2**20:.0f} MiB and the same "
+        f"partials add {2 * _q12_parts / _kv4k:.1%}: with 64 splits each split holds only 64 "
+        f"keys, a sliver. That is one reason choose_num_splits takes fewer splits for short "
+        f"caches: the merge's share of the traffic shows at 4k and vanishes at 128k."),
+    value=_q12_parts))
+
+register(Question(
+    name="q12_padded_rows", lesson="12_flash_decoding",
+    asks="G = 4, N_q = 1: 4 real rows of tl.dot padded to 16. Why does the waste not matter, "
+         "and from which G · N_q on would the kernel stop being memory-bound (H100, fp16)?",
+    answer=(
+        f"The kernel's time is the time to stream K and V from HBM. Per K/V tile it does "
+        f"4·BLOCK_M·BLOCK_N·D FLOPs on tensor cores that would otherwise wait for the next "
+        f"tile: even counting the 12 padded rows, 16 rows on 4 bytes per key and dim (K and V "
+        f"in fp16) is 16 FLOP per byte, far below the ridge point. Wasted tensor-core work is "
+        f"free while the loads are the bottleneck. The real intensity is about G·N_q FLOP per "
+        f"byte (lesson 11); the kernel turns compute-bound when G·N_q reaches the ridge point, "
+        f"{_ridge():.0f} FLOP/byte on an H100 SXM in fp16 (the H200 has the same FLOPs and "
+        f"more bandwidth: {_ridge('H200'):.0f}). Long before that, past 64 rows (the cap of "
+        f"BLOCK_M) the kernel runs several m-tiles (its third grid dimension), each reading "
+        f"K and V again: the design assumes a few rows."),
+    value=_ridge(), rtol=0.05))
+
+
+# ============================================================================== lesson 13
+
+# --- what the notebook shows: a block-table lookup ------------------------------------------
+def physical_slot(block_table_row, position, block_size=16):
+    # TODO: logical block and offset, then the table
+    raise NotImplementedError
 
 
 def physical_slot_solution(block_table_row, position, block_size=16):
@@ -108,12 +628,306 @@ def physical_slot_solution(block_table_row, position, block_size=16):
     return int(block_table_row[j]), offset
 
 
-def check_physical_slot(student) -> Result:
+def _slot_swapped(block_table_row, position, block_size=16):
+    return int(block_table_row[position % block_size]), position // block_size
+
+
+def _slot_no_table(block_table_row, position, block_size=16):
+    return position // block_size, position % block_size
+
+
+def _slot_off_by_one(block_table_row, position, block_size=16):
+    j = -(-position // block_size)  # rounds up: position 15 lands in block 1
+    return int(block_table_row[j]), position % block_size
+
+
+SLOT_HINTS = (
+    "two steps: which logical block of the sequence holds the token, and where inside that "
+    "block; then the table turns the logical block into a physical one.",
+    "logical block j holds the positions j·block_size … j·block_size + block_size − 1: given "
+    "a position, how do you find j, and how far into block j the token lies?",
+    "index the table row with the logical block (never with the position); the offset is the "
+    "same in the physical block, since blocks are moved whole.",
+)
+SLOT_NUDGES = {"IndexError": "an index past the end of the table row: the row has one entry "
+                             "per block, not one per token."}
+
+
+def check_physical_slot(student, show: bool = True):
     """``student(block_table_row, position, block_size) -> (block, offset)``."""
     row = [7, 2, 9, 4]
     cases = [(row, 0, 16), (row, 15, 16), (row, 16, 16), (row, 63, 16), (row, 37, 16),
              ([3, 1, 0], 5, 2)]
-    return check("physical slot", student, physical_slot_solution, cases, hint=SLOT_HINT)
+    return check("physical_slot", student, physical_slot_solution, cases, hints=SLOT_HINTS,
+                 nudges=SLOT_NUDGES, show=show,
+                 describe=lambda c: f"table row {c[0]}, position {c[1]}, block_size {c[2]}")
+
+
+register(Exercise(
+    name="physical_slot", lesson="13_paged_attention", kind="python",
+    writes="a block-table lookup: logical position -> (physical block, offset)", lines=2,
+    check=check_physical_slot, solution=physical_slot_solution, stub=physical_slot,
+    mistakes=(Mistake("% and // swapped", _slot_swapped, "IndexError"),
+              Mistake("no table: logical taken for physical", _slot_no_table, "values differ"),
+              Mistake("the block rounded up", _slot_off_by_one, "values differ")),
+    hints=SLOT_HINTS))
+
+
+# --- what the notebook shows: the paged gather kernel ---------------------------------------
+@triton.jit
+def paged_gather_kernel(K_PAGES, BLOCK_TABLE, SEQLENS, OUT,
+                        stride_pb, stride_ps, stride_ph, stride_tb, H_KV, N_MAX,
+                        BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                        HEAD_DIM: tl.constexpr):
+    bg = tl.program_id(0)  # b * H_KV + g: sequence b, K/V head g
+    b = bg // H_KV
+    g = bg % H_KV
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # logical key positions
+    offs_d = tl.arange(0, HEAD_DIM)
+    seqlen = tl.load(SEQLENS + b)
+    n_ok = offs_n < seqlen  # keys past the sequence's end: nothing to read, zeros written
+    k_head = K_PAGES + g * stride_ph  # head g's part of every block of the pool
+    block = ...  # TODO: the physical block of each key (from row b of the block table)
+    slot = ...  # TODO: the slot of each key inside its block
+    rows = ...  # TODO: where each key's row starts in the pool, from k_head (its strides)
+    k = tl.load(k_head + rows[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+    out_ptrs = OUT + (bg * N_MAX + offs_n)[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(out_ptrs, k, mask=(offs_n < N_MAX)[:, None])
+
+
+# --- the reference and the mistakes students make ------------------------------------------
+@triton.jit
+def _paged_gather_solution(K_PAGES, BLOCK_TABLE, SEQLENS, OUT,
+                           stride_pb, stride_ps, stride_ph, stride_tb, H_KV, N_MAX,
+                           BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                           HEAD_DIM: tl.constexpr):
+    bg = tl.program_id(0)  # b * H_KV + g: sequence b, K/V head g
+    b = bg // H_KV
+    g = bg % H_KV
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # logical key positions
+    offs_d = tl.arange(0, HEAD_DIM)
+    seqlen = tl.load(SEQLENS + b)
+    n_ok = offs_n < seqlen  # keys past the sequence's end: nothing to read, zeros written
+    k_head = K_PAGES + g * stride_ph  # head g's part of every block of the pool
+    block = tl.load(BLOCK_TABLE + b * stride_tb + offs_n // BLOCK_SIZE, mask=n_ok, other=0)
+    slot = offs_n % BLOCK_SIZE
+    rows = block * stride_pb + slot * stride_ps
+    k = tl.load(k_head + rows[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+    out_ptrs = OUT + (bg * N_MAX + offs_n)[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(out_ptrs, k, mask=(offs_n < N_MAX)[:, None])
+
+
+@triton.jit
+def _paged_gather_swapped(K_PAGES, BLOCK_TABLE, SEQLENS, OUT,
+                          stride_pb, stride_ps, stride_ph, stride_tb, H_KV, N_MAX,
+                          BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                          HEAD_DIM: tl.constexpr):
+    bg = tl.program_id(0)
+    b = bg // H_KV
+    g = bg % H_KV
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    seqlen = tl.load(SEQLENS + b)
+    n_ok = offs_n < seqlen
+    k_head = K_PAGES + g * stride_ph
+    block = tl.load(BLOCK_TABLE + b * stride_tb + offs_n % BLOCK_SIZE, mask=n_ok, other=0)
+    slot = offs_n // BLOCK_SIZE
+    rows = block * stride_pb + slot * stride_ps
+    k = tl.load(k_head + rows[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+    out_ptrs = OUT + (bg * N_MAX + offs_n)[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(out_ptrs, k, mask=(offs_n < N_MAX)[:, None])
+
+
+@triton.jit
+def _paged_gather_no_table(K_PAGES, BLOCK_TABLE, SEQLENS, OUT,
+                           stride_pb, stride_ps, stride_ph, stride_tb, H_KV, N_MAX,
+                           BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                           HEAD_DIM: tl.constexpr):
+    bg = tl.program_id(0)
+    b = bg // H_KV
+    g = bg % H_KV
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    seqlen = tl.load(SEQLENS + b)
+    n_ok = offs_n < seqlen
+    k_head = K_PAGES + g * stride_ph
+    block = offs_n // BLOCK_SIZE  # the logical block taken for the physical one
+    slot = offs_n % BLOCK_SIZE
+    rows = block * stride_pb + slot * stride_ps
+    k = tl.load(k_head + rows[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+    out_ptrs = OUT + (bg * N_MAX + offs_n)[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(out_ptrs, k, mask=(offs_n < N_MAX)[:, None])
+
+
+@triton.jit
+def _paged_gather_table_unmasked(K_PAGES, BLOCK_TABLE, SEQLENS, OUT,
+                                 stride_pb, stride_ps, stride_ph, stride_tb, H_KV, N_MAX,
+                                 BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                                 HEAD_DIM: tl.constexpr):
+    bg = tl.program_id(0)
+    b = bg // H_KV
+    g = bg % H_KV
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    seqlen = tl.load(SEQLENS + b)
+    n_ok = offs_n < seqlen
+    k_head = K_PAGES + g * stride_ph
+    block = tl.load(BLOCK_TABLE + b * stride_tb + offs_n // BLOCK_SIZE)  # past the table's end
+    slot = offs_n % BLOCK_SIZE
+    rows = block * stride_pb + slot * stride_ps
+    k = tl.load(k_head + rows[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+    out_ptrs = OUT + (bg * N_MAX + offs_n)[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(out_ptrs, k, mask=(offs_n < N_MAX)[:, None])
+
+
+@triton.jit
+def _paged_gather_no_strides(K_PAGES, BLOCK_TABLE, SEQLENS, OUT,
+                             stride_pb, stride_ps, stride_ph, stride_tb, H_KV, N_MAX,
+                             BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                             HEAD_DIM: tl.constexpr):
+    bg = tl.program_id(0)
+    b = bg // H_KV
+    g = bg % H_KV
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    seqlen = tl.load(SEQLENS + b)
+    n_ok = offs_n < seqlen
+    k_head = K_PAGES + g * stride_ph
+    block = tl.load(BLOCK_TABLE + b * stride_tb + offs_n // BLOCK_SIZE, mask=n_ok, other=0)
+    slot = offs_n % BLOCK_SIZE
+    rows = (block * BLOCK_SIZE + slot) * HEAD_DIM  # as if the pool held one head
+    k = tl.load(k_head + rows[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+    out_ptrs = OUT + (bg * N_MAX + offs_n)[:, None] * HEAD_DIM + offs_d[None, :]
+    tl.store(out_ptrs, k, mask=(offs_n < N_MAX)[:, None])
+
+
+def _gather_in_torch(k_pages, block_table, seqlens, n_max):
+    from course_lib.kernels.decode import pages_to_contiguous
+
+    return pages_to_contiguous(k_pages, block_table, seqlens, n_max)
+
+
+# --- the checker -----------------------------------------------------------------------------
+GATHER_BLOCK_N = 8
+
+
+def _scattered(seed, lens, H_kv, D, block_size, num_blocks):
+    """A cache of ``lens`` keys per sequence scattered into pages in a random order."""
+    from course_lib.kernels.decode import contiguous_to_pages
+
+    gen = torch.Generator().manual_seed(seed)
+    n_max = max(lens)
+    k = torch.randn(len(lens), H_kv, n_max, D, generator=gen)
+    pages, table = contiguous_to_pages(k.cpu(), block_size=block_size, num_blocks=num_blocks,
+                                       generator=gen)
+    pages = torch.randn(pages.shape, generator=gen) * (pages == 0) + pages  # no zero slots
+    return pages.cpu(), table.cpu(), torch.tensor(lens, dtype=torch.int32), n_max
+
+
+def _forked(seed, H_kv=2, D=16, block_size=4):
+    """Two samples forked from a 6-token prompt: block 0 of the prompt is shared by both
+    tables, the partial block 1 copied on write; blocks interleave in the pool."""
+    from course_lib.kvcache import PagedKVCache
+
+    gen = torch.Generator().manual_seed(seed)
+    pool = PagedKVCache(num_blocks=12, block_size=block_size, num_kv_heads=H_kv, head_dim=D,
+                        dtype=torch.float32, device="cpu")
+    pool.k_pages.copy_(torch.randn(pool.k_pages.shape, generator=gen))  # free slots: garbage
+    pool.add_sequence("prompt")
+    pool.extend("prompt", torch.randn(6, H_kv, D, generator=gen),
+                torch.randn(6, H_kv, D, generator=gen))
+    pool.fork("prompt", "a")
+    pool.fork("prompt", "b")
+    pool.free("prompt")
+    for seq, n in (("a", 3), ("b", 2), ("a", 4), ("b", 5)):  # they grow in turns
+        pool.extend(seq, torch.randn(n, H_kv, D, generator=gen),
+                    torch.randn(n, H_kv, D, generator=gen))
+    table = pool.block_table(["a", "b"]).cpu()  # entries past a sequence's last block: -1
+    lens = pool.seqlens(["a", "b"]).cpu()
+    return pool.k_pages, table, lens, int(lens.max())
+
+
+def _gather_cases():
+    return [
+        (*_scattered(0, [16, 11], 1, 16, 4, 10),
+         "2 sequences of 16 and 11 keys, 1 head, pages of 4 in a random order"),
+        (*_scattered(1, [9, 1, 6, 0], 2, 16, 4, 16),
+         "4 sequences of 9, 1, 6 and 0 keys, 2 heads, pages of 4: last blocks partly "
+         "filled, tiles of 8 past a sequence's end"),
+        (*_forked(2), "2 samples forked from a 6-token prompt: a block shared by both "
+                      "tables, a copied one, blocks interleaved in the pool"),
+    ]
+
+
+def prepare_paged_gather(k_pages, block_table, seqlens, n_max, label=""):
+    """One launch: one program per (sequence, K/V head, tile of BLOCK_N keys); out poisoned."""
+    num_blocks, block_size, H_kv, D = k_pages.shape
+    B = block_table.shape[0]
+    out = poisoned(B, H_kv, n_max, D, like=k_pages)
+    grid = (B * H_kv, triton.cdiv(n_max, GATHER_BLOCK_N))
+    args = dict(K_PAGES=k_pages, BLOCK_TABLE=block_table, SEQLENS=seqlens, OUT=out,
+                stride_pb=k_pages.stride(0), stride_ps=k_pages.stride(1),
+                stride_ph=k_pages.stride(2), stride_tb=block_table.stride(0), H_KV=H_kv,
+                N_MAX=n_max, BLOCK_SIZE=block_size, BLOCK_N=GATHER_BLOCK_N, HEAD_DIM=D)
+    return grid, args, out
+
+
+def _gather_spec(k_pages, block_table, seqlens, n_max, label=""):
+    from course_lib.kernels.decode import pages_to_contiguous
+
+    return pages_to_contiguous(k_pages, block_table, seqlens, n_max)
+
+
+GATHER_HINTS = (
+    "follow one key n of sequence b: which logical block of the sequence holds it, which "
+    "physical block that is (row b of the table says), and which slot inside the block.",
+    "the table row of sequence b starts stride_tb entries after row b − 1, and its entry j "
+    "is logical block j, which holds keys j·BLOCK_SIZE … j·BLOCK_SIZE + BLOCK_SIZE − 1. A "
+    "tile of BLOCK_N keys reads a vector of entries: one tl.load with a vector of offsets.",
+    "lanes past the sequence's end have no table entry to read (the last row of the table "
+    "ends there): mask the table load like the K load, other=0 gives those lanes a harmless "
+    "block id.",
+    "in the pool (num_blocks, BLOCK_SIZE, H_kv, D), stepping to the next block moves "
+    "stride_pb elements and to the next slot stride_ps: how far from k_head is the row of a "
+    "key with a given block and slot?",
+)
+GATHER_NUDGES = {
+    "values differ": "your kernel reads real keys, but not the right ones: is the table row "
+                     "indexed by the logical block (not the slot), is its entry used as the "
+                     "block (not the logical block itself), and are block and slot turned "
+                     "into a position with the pool's strides?",
+}
+
+
+def check_paged_gather(kernel, show: bool = True):
+    """``kernel``: your ``@triton.jit`` paged gather: out[b, g, n] = key n of sequence b."""
+    return check_kernel("paged_gather", kernel, prepare_paged_gather, _gather_spec,
+                        _gather_cases(), hints=GATHER_HINTS, nudges=GATHER_NUDGES, show=show,
+                        rtol=0.0, atol=0.0, describe=lambda c: c[-1])
+
+
+register(Exercise(
+    name="paged_gather", lesson="13_paged_attention", kind="triton",
+    writes="the block-table address of each key: physical block, slot, row in the pool",
+    lines=3, check=check_paged_gather, solution=_paged_gather_solution,
+    stub=paged_gather_kernel, extra=(prepare_paged_gather,),
+    mistakes=(Mistake("n % BLOCK_SIZE and n // BLOCK_SIZE swapped", _paged_gather_swapped,
+                      "values differ"),
+              Mistake("no table: the logical block taken for the physical one",
+                      _paged_gather_no_table, "values differ"),
+              Mistake("the table read without its mask", _paged_gather_table_unmasked,
+                      "tl.load out of bounds"),
+              Mistake("rows counted as if the pool held one head", _paged_gather_no_strides,
+                      "values differ"),
+              Mistake("an answer in PyTorch, no kernel", _gather_in_torch,
+                      "@triton.jit kernel")),
+    hints=GATHER_HINTS))
+
+
+# --- what the notebook shows: blocks with a shared prompt -----------------------------------
+def shared_blocks(prompt_len, output_lens, block_size=16):
+    # TODO: the prompt once, each sample's own blocks, and the copies of the partial block
+    raise NotImplementedError
 
 
 def shared_blocks_solution(prompt_len, output_lens, block_size=16):
@@ -129,12 +943,79 @@ def shared_blocks_solution(prompt_len, output_lens, block_size=16):
     return blocks
 
 
-def check_shared_blocks(student) -> Result:
+def _shared_no_cow(prompt_len, output_lens, block_size=16):
+    blocks = math.ceil(prompt_len / block_size)
+    for out in output_lens:
+        blocks += math.ceil((prompt_len + out) / block_size) - math.ceil(prompt_len / block_size)
+    return blocks
+
+
+def _shared_every_writer_copies(prompt_len, output_lens, block_size=16):
+    blocks = _shared_no_cow(prompt_len, output_lens, block_size)
+    if prompt_len % block_size:
+        blocks += sum(1 for out in output_lens if out > 0)
+    return blocks
+
+
+def _shared_nothing(prompt_len, output_lens, block_size=16):
+    return sum(math.ceil((prompt_len + out) / block_size) for out in output_lens)
+
+
+SHARED_HINTS = (
+    "start from the fork: every sample's table points at the prompt's blocks, which are "
+    "stored once. Then let the samples write, one after the other.",
+    "a sample that writes past the prompt's last block needs new blocks of its own; count "
+    "them from its final length and the prompt's blocks it already has.",
+    "a full block is never written again and stays shared. A partly filled last block is "
+    "written by every sample that generates a token: writing into a block that another "
+    "sample still references means copying it first (copy-on-write). Who is left holding "
+    "the original when the others have copied?",
+)
+
+
+def check_shared_blocks(student, show: bool = True):
     """``student(prompt_len, output_lens, block_size) -> blocks in use``."""
     cases = [(32, [10, 10], 16),        # the prompt fills its blocks: nothing to copy
              (100, [50, 50, 50, 50], 16),
              (20, [1, 1, 1], 16),
              (5, [30], 16),
              (64, [0, 16], 16)]
-    return check("blocks with a shared prompt", student, shared_blocks_solution, cases,
-                 hint=SHARED_HINT)
+    return check("shared_blocks", student, shared_blocks_solution, cases, hints=SHARED_HINTS,
+                 show=show, describe=lambda c: (f"prompt {c[0]} tokens, outputs {c[1]}, "
+                                                f"blocks of {c[2]}"))
+
+
+register(Exercise(
+    name="shared_blocks", lesson="13_paged_attention", kind="python",
+    writes="physical blocks of parallel samples sharing a prompt, with copy-on-write", lines=8,
+    check=check_shared_blocks, solution=shared_blocks_solution, stub=shared_blocks,
+    mistakes=(Mistake("no copy-on-write copies", _shared_no_cow, "values differ"),
+              Mistake("every writer copies, the last one too", _shared_every_writer_copies,
+                      "values differ"),
+              Mistake("no sharing: the prompt stored per sample", _shared_nothing,
+                      "values differ")),
+    hints=SHARED_HINTS))
+
+
+# --- think-question -------------------------------------------------------------------------
+_Q13_WASTE_256 = 0.2056  # simulate_serving("paged", Workload(), block_size=256).waste: 1 s
+_Q13_WASTE_16 = 0.0152   # ... block_size=16 (computed in the notebook; too slow for import)
+
+register(Question(
+    name="q13_block_size", lesson="13_paged_attention",
+    asks="vLLM uses blocks of 16 tokens. What would blocks of 1 token cost the kernel, and "
+         "blocks of 256 the allocator? (Fraction wasted with block_size=256?)",
+    answer=(
+        "Blocks of 1 token: the kernel reads one table entry per key instead of one per 16, "
+        "and every key's row is its own page: a tile of BLOCK_N keys becomes BLOCK_N "
+        "scattered gathers, each only D·2 bytes long (256 bytes for D = 128), and its table "
+        "loads sit in the critical path of every tile. The table itself grows 16x (4 bytes "
+        "per token per sequence, against 4 per 16 tokens). Memory waste drops to zero, but it "
+        "was under 2% already.\n\n"
+        f"Blocks of 256 tokens: each sequence wastes up to 255 slots in its last block "
+        f"(internal fragmentation), and a short request occupies a whole block. "
+        f"simulate_serving('paged', workload, block_size=256) wastes {_Q13_WASTE_256:.1%} of "
+        f"the allocated memory (against {_Q13_WASTE_16:.1%} with 16), fewer requests fit at "
+        f"once and the run takes more steps. Copy-on-write also copies 256 tokens instead of "
+        f"16. Blocks of 16 keep the waste small and the rows of a tile in long runs."),
+    value=_Q13_WASTE_256, rtol=0.05))

@@ -1,31 +1,64 @@
-"""Exercise of notebooks/14_llama_capstone.ipynb: write a Hugging Face attention function.
+"""Exercise and think-questions of notebooks/14_llama_capstone.ipynb.
 
-The student writes ``my_attention(module, query, key, value, attention_mask, scaling=None,
-dropout=0.0, **kwargs)`` with ``flash_attn_v2`` alone, the way ``course_lib.hf`` does for the
-prefill. The checker calls it as a LLaMA layer would: query (B, H, N_q, D) after the rotary
-embedding, key/value (B, H_kv, N_k, D) the whole cache (N_k >= N_q), no mask; the spec is
-causal attention, bottom-right aligned, returned as (B, N_q, H, D).
+``attention_function`` (Python): the student writes ``my_attention(module, query, key, value,
+attention_mask, scaling=None, dropout=0.0, **kwargs)`` with ``flash_attn_v2`` alone, the way
+``course_lib.hf`` does for the prefill. The checker calls it as a LLaMA layer would: query
+(B, H, N_q, D) after the rotary embedding, key/value (B, H_kv, N_k, D) the whole cache
+(N_k >= N_q), no mask; the spec is causal attention, bottom-right aligned, returned as
+(B, N_q, H, D).
 
-The reference solution is ``attention_function_solution`` (tested in tests/test_hf.py).
+The reference solution is ``attention_function_solution`` (also tested in tests/test_hf.py).
 """
 from __future__ import annotations
 
 import torch
 
 from course_lib._device import DEVICE
-from course_lib.exercises import Result, check
+from course_lib.exercises import Exercise, Mistake, Question, check, register
 from course_lib.kernels.flash_v2 import flash_attn_v2
 from course_lib.reference import attention
 
-HINT = ("call flash_attn_v2(query, key, value, causal=True, sm_scale=scaling): it handles GQA "
-        "and the cache (bottom-right causal). transformers wants (attn_output, attn_weights): "
-        "attn_output transposed to (B, N_q, H, D), and None for the weights")
+
+# --- what the notebook shows ----------------------------------------------------------------
+def my_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                 **kwargs):
+    # TODO: return (attn_output (B, N_q, H, D), None)
+    raise NotImplementedError
 
 
+# --- the reference and the mistakes students make ------------------------------------------
 def attention_function_solution(module, query, key, value, attention_mask, scaling=None,
                                 dropout=0.0, **kwargs):
     out = flash_attn_v2(query, key, value, causal=True, sm_scale=scaling)  # (B, H, N_q, D)
     return out.transpose(1, 2), None
+
+
+def _attn_no_transpose(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                       **kwargs):
+    return flash_attn_v2(query, key, value, causal=True, sm_scale=scaling), None
+
+
+def _attn_not_causal(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                     **kwargs):
+    return flash_attn_v2(query, key, value, causal=False, sm_scale=scaling).transpose(1, 2), None
+
+
+def _attn_top_left(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                   **kwargs):
+    """Causal from the top-left corner: right for a prompt, wrong after a cache."""
+    n_q, n_k = query.shape[2], key.shape[2]
+    groups = query.shape[1] // key.shape[1]
+    k = key.repeat_interleave(groups, 1)
+    v = value.repeat_interleave(groups, 1)
+    s = query @ k.transpose(-1, -2) * scaling
+    seen = torch.ones(n_q, n_k, dtype=torch.bool, device=s.device).tril()
+    s = s.masked_fill(~seen, float("-inf"))
+    return (s.softmax(-1) @ v).transpose(1, 2), None
+
+
+def _attn_tensor_only(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                      **kwargs):
+    return flash_attn_v2(query, key, value, causal=True, sm_scale=scaling).transpose(1, 2)
 
 
 class _Layer(torch.nn.Module):
@@ -39,7 +72,24 @@ class _Layer(torch.nn.Module):
         self.num_key_value_groups = groups
 
 
-def check_attention_function(student) -> Result:
+HINTS = (
+    "flash_attn_v2 already handles what a LLaMA layer hands you: GQA (8 query heads on 2 K/V "
+    "heads) and a cache longer than the queries, with causality counted from the last key. "
+    "Which of its arguments say that, and which is the scale?",
+    "transformers wants the output token-major, (B, N_q, H, D): the kernel returns the "
+    "query's layout (B, H, N_q, D). Swap two dimensions.",
+    "the function returns a pair (attn_output, attn_weights); a fused kernel never forms the "
+    "weights, so the second item is None.",
+)
+NUDGES = {
+    "shape": HINTS[1],
+    "attn_weights": HINTS[2],
+    "a decode step": "the decode step fails: one query against 41 keys sees all of them. With "
+               "causal masking, which keys does query i see when N_k > N_q?",
+}
+
+
+def check_attention_function(student, show: bool = True):
     """Prefill, one decode step and a chunk after a cache, with GQA (8 query heads, 2 K/V)."""
     gen = torch.Generator().manual_seed(0)
     cases = []
@@ -61,4 +111,89 @@ def check_attention_function(student) -> Result:
     def spec(q, k, v, scaling):
         return attention(q, k, v, causal=True, sm_scale=scaling).transpose(1, 2)
 
-    return check("HF attention function", run, spec, cases, hint=HINT, rtol=1e-4, atol=1e-5)
+    def describe(c):
+        q, k = c[0], c[1]
+        what = {1: "a decode step"}.get(q.shape[2], "a prompt" if q.shape[2] == k.shape[2]
+                                        else "a chunk after a cache")
+        return (f"{what}: B = {q.shape[0]}, N_q = {q.shape[2]}, N_k = {k.shape[2]}, "
+                f"H = {q.shape[1]}, H_kv = {k.shape[1]}")
+
+    return check("attention_function", run, spec, cases, hints=HINTS, nudges=NUDGES,
+                 rtol=1e-4, atol=1e-5, show=show, describe=describe)
+
+
+register(Exercise(
+    name="attention_function", lesson="14_llama_capstone", kind="python",
+    writes="a transformers attention function on flash_attn_v2", lines=2,
+    check=check_attention_function, solution=attention_function_solution, stub=my_attention,
+    mistakes=(Mistake("the output left in (B, H, N_q, D)", _attn_no_transpose, "shape"),
+              Mistake("causal=False", _attn_not_causal, "values differ"),
+              Mistake("causal from the top-left corner", _attn_top_left, "a decode step"),
+              Mistake("the tensor alone, not (attn_output, None)", _attn_tensor_only,
+                      "attn_weights")),
+    hints=HINTS))
+
+
+# --- think-questions ------------------------------------------------------------------------
+register(Question(
+    name="q14_padding", lesson="14_llama_capstone",
+    asks="Which kernel could handle a right-padded cache today, with which argument, and why "
+         "is left padding harder? What would flash_attn_v2 need for prompts of different "
+         "lengths without padding?",
+    answer=(
+        "flash_decode (and paged_decode): cache_seqlens gives each sequence its own length "
+        "L_b, and keys at positions ≥ L_b are masked. A right-padded cache is exactly that — "
+        "sequence b's keys at positions 0 … L_b − 1, padding after them — and the causal "
+        "alignment of the N_q new queries (query i sees keys j ≤ L_b − N_q + i) is computed "
+        "from L_b, so it stays right.\n\n"
+        "Left padding puts the padding first: sequence b's keys start at some position "
+        "start_b > 0. The kernel would need a per-sequence start as well as an end, a mask "
+        "for j < start_b in every tile (and, to save the work, a loop that begins at "
+        "start_b). The model's side changes too: the rotary positions of a left-padded "
+        "sequence are shifted by start_b, and transformers then passes a 4D mask that our "
+        "kernels cannot express — which is why course_attention_forward refuses it.\n\n"
+        "For prompts of different lengths without any padding, flash_attn_v2 would need the "
+        "'varlen' interface of FlashAttention: the sequences packed one after another into "
+        "one (total_tokens, H, D) tensor, with cumulative offsets cu_seqlens (B + 1 integers) "
+        "telling each program where its sequence starts and ends; each program then finds "
+        "its sequence and its query block from those offsets, and masks keys outside it."),
+))
+
+def _route_answer() -> str:
+    """The worked answer of q14_route, with the numbers computed (and the stored run's)."""
+    from course_lib import hardware
+    from course_lib.bench.common import load_result
+    from course_lib.iomodel import decode as io
+
+    layers, h, h_kv, d, n = 16, 32, 8, 64, 8192  # Llama-3.2-1B's shape, 8192 cached tokens
+    kv = io.decode_attention_io(B=1, H=h, H_kv=h_kv, N_q=1, L=n, D=d)["kv_bytes"]
+    gpu = hardware.get_gpu("H100-SXM")
+    layer_us = kv / (gpu.hbm_tbs * 1e12) * 1e6
+    stored = load_result("llama") or {}
+    row = next((r for r in stored.get("rows", []) if r.get("prompt") == n), None)
+    per_token = ("" if row is None else
+                 f"The stored run ({stored.get('environment', {}).get('gpu', 'a GPU')}) "
+                 f"took {row['decode_ms_course_kernels']:.1f} ms per token with the course's "
+                 f"kernels and {row['decode_ms_sdpa']:.1f} ms with SDPA at {n} tokens, ")
+    return (
+        f"Little. At {n} cached tokens one layer's attention reads K and V once: "
+        f"{h_kv} K/V heads × {n} keys × {d} dims × 2 bytes × 2 (K and V) = "
+        f"{kv / 2**20:.0f} MiB, {layer_us:.1f} µs at the {gpu.hbm_tbs} TB/s of an H100 "
+        f"SXM; {layers} layers make {layers * layer_us / 1e3:.2f} ms per token at the memory "
+        f"floor. flash_attn_v2 used for decoding launches only B·H = {h} programs, each "
+        f"walking all {n} keys alone, so it stays well below that bandwidth (section 6's "
+        f"attention-alone table measures by how much): a difference of some tenths of a "
+        f"millisecond per token at most. {per_token}mostly kernel launches, Python, the "
+        f"DynamicCache's copies and the 128 256-wide output layer. So the route changes a "
+        f"few percent of the per-token time in eager PyTorch. It matters once the rest is "
+        f"removed (CUDA graphs, a static cache, larger batches, longer contexts), where "
+        f"attention's share grows with the cache.")
+
+
+register(Question(
+    name="q14_route", lesson="14_llama_capstone",
+    asks="With every call routed to flash_attn_v2 (DECODE_MAX_QUERIES = 0), how much of the "
+         "per-token decode time of the 1B model at 8192 tokens can the attention kernel "
+         "change?",
+    answer=_route_answer(),
+))

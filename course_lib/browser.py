@@ -330,3 +330,37 @@ def page_errors(page) -> list[str]:
             }
             return found;
         }""")
+
+
+def output_problems(page) -> dict[str, list[str]]:
+    """What a student should not see in the open notebook's outputs, by kind.
+
+    - "error": tracebacks, widget failures, error dialogs (``page_errors``);
+    - "warning": any stderr output (JupyterLab draws it in a red box), e.g. a RuntimeWarning;
+    - "undrawn figure": a matplotlib figure printed as text (``<Figure size 640x480 with 1
+      Axes>``) instead of drawn: the figure was made but never shown.
+    """
+    found = page.evaluate(
+        """() => {
+            const panel = '.jp-NotebookPanel:not(.lm-mod-hidden) ';
+            const out = {warning: [], 'undrawn figure': []};
+            const stderr = '[data-mime-type="application/vnd.jupyter.stderr"]';
+            for (const el of document.querySelectorAll(panel + '.jp-OutputArea-output' + stderr))
+                out.warning.push(el.textContent.slice(0, 400));
+            const text = '[data-mime-type="text/plain"]';
+            for (const el of document.querySelectorAll(panel + '.jp-OutputArea-output' + text)) {
+                const m = el.textContent.match(/<Figure size [^>]*>/);
+                if (m) out['undrawn figure'].push(m[0]);
+            }
+            return out;
+        }""")
+    found["error"] = page_errors(page)
+    return found
+
+
+def drawn_images(page) -> int:
+    """How many images (figures, PNGs) the open notebook's outputs show, each fully loaded."""
+    return page.evaluate(
+        """() => [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) '
+                  + '.jp-OutputArea-output img')]
+                 .filter(i => i.complete && i.naturalWidth > 0).length""")

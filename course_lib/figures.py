@@ -37,6 +37,7 @@ import argparse
 import hashlib
 import importlib
 import json
+import pkgutil
 import sys
 import time
 from pathlib import Path
@@ -50,7 +51,8 @@ IMAGES = ROOT / "images"
 MANIFEST = "MANIFEST.json"
 
 #: Every module with a module-level ``FIGURES`` dict (tests/test_figures.py checks the list is
-#: complete). Order: roughly the lesson order, which is also the order of images/MANIFEST.json.
+#: complete). Order: roughly the lesson order, which is also the order of images/MANIFEST.json;
+#: every module of course_lib/diagrams/ is found by itself and follows.
 MODULES = (
     "course_lib.widgets.launch",
     "course_lib.softmax",
@@ -60,7 +62,7 @@ MODULES = (
     "course_lib.widgets.tiled_matmul",
     "course_lib.iomodel.attention",
     "course_lib.widgets.tile_walk",
-    "course_lib.seed_sketch",
+    "course_lib.sketch_pitfalls",
     "course_lib.kernels.flash_v2_plan",
     "course_lib.kernels.hopper_plan",
     "course_lib.bench.plots",
@@ -71,8 +73,9 @@ MODULES = (
     "course_lib.bench.decode",
     "course_lib.kvcache",
     "course_lib.unified_max",
-    "course_lib.slides",
-)
+) + tuple(f"course_lib.diagrams.{m.name}"
+          for m in sorted(pkgutil.iter_modules([str(ROOT / "course_lib" / "diagrams")]),
+                          key=lambda m: m.name))
 
 DPI = 110
 #: rcParams set before every figure (after a reset to matplotlib's defaults, so that no figure

@@ -43,11 +43,14 @@ GPU), a random-weight model, greedy decoding with a cache, and the GPU timing of
 per-token decode against SDPA. transformers is an optional extra of the course
 (``pip install -e ".[hf]"``); nothing is downloaded: every model here is built from a config.
 
-Measured speed (course_lib/data/llama.json; NVIDIA H100 80GB, torch 2.11, transformers 5.17,
-the 1.24 B-parameter config in bf16, batch 1): prefill of 8192 tokens 54.1 ms with the course
-kernels against 51.5 ms with SDPA (512 tokens: 10.5 and 10.1 ms); decode 11.3–12.0 ms per
-token with the course kernels and 9.7–11.2 ms with SDPA, about the same at 512 and at 8192
-tokens of context: bound by launches and cache copies more than by attention.
+Measured speed (course_lib/data/llama.json, drawn by ``course_lib.diagrams.capstone``; NVIDIA
+H100 80GB HBM3, torch 2.11, the 1.24 B-parameter config in bf16, batch 1; both sides timed the
+same way, eager PyTorch, wall clock between ``torch.cuda.synchronize()`` calls: ``time_prefill``
+and ``time_decode`` below): prefill of 8192 tokens 54.1 ms with the course kernels against
+51.5 ms with SDPA (512 tokens: 10.5 and 10.1 ms); decode 11.3–12.0 ms per token with the
+course kernels and 9.7–11.2 ms with SDPA, about the same at 512 and at 8192 tokens of context:
+bound by the host's work per token (launches, Python, the cache's copies) more than by the GPU's
+attention.
 """
 from __future__ import annotations
 

@@ -292,7 +292,8 @@ POLICIES = ("max_len", "pow2", "oracle", "paged")
 * ``oracle``: contiguous, exactly prompt + output (known in advance: impossible in practice);
 * ``paged``: blocks of ``block_size`` slots, one more each time the sequence fills its last.
 
-The three contiguous ones are the vLLM paper's Orca (Max), Orca (Pow2), Orca (Oracle) (§2.3, §6).
+The three contiguous ones are the vLLM paper's Orca (Max), Orca (Pow2), Orca (Oracle) (its
+Figure 2, and the baselines of §6.1).
 """
 
 
@@ -546,11 +547,11 @@ def waste_figure(workload: Workload = Workload(), capacity_tokens: int = 1 << 16
     ax0.invert_yaxis()
     ax0.set(xlabel="% of allocated KV memory", xlim=(0, 100),
             title="What the allocated KV cache holds")
-    ax0.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3)
+    ax0.legend(fontsize=10, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2)
     ax1.bar(labels, [r.mean_batch for r in results],
             color=["tab:gray"] * 3 + ["tab:blue"])
     ax1.set(ylabel="mean requests running per step", title="Batch the same memory holds")
-    ax1.tick_params(axis="x", labelsize=8)
+    ax1.tick_params(axis="x", labelsize=10)
     return fig
 
 

@@ -512,6 +512,99 @@ def facts() -> dict[str, Fact]:
     add("unified_window_f16", f"[{lo:.2f}, {hi:.2f}]", "07_decoding",
         "unified_max.safe_window(float16)")
 
+    # Issue 25, lessons and decks: each group adds its facts below its own marker, never elsewhere
+    # --- facts: notebooks 00-06 ---
+    from course_lib.diagrams.memory import hierarchy
+    add("nb02_smem_tbs", f"{hierarchy('H100-SXM')[1]['tbs']:.0f} TB/s", "nb:02_gpu_memory",
+        "diagrams.memory: 128 B per clock per SM at the clock of the H100's fp16 peak")
+    one_pass = att.flash_attention_io(1024, 64, 4 * 64 * 1024)       # T_c = 1
+    add("nb06_tc1_over_floor",
+        f"{one_pass['elements'] / att.compulsory_io(1024, 1024, 64)['elements']:.1f} times",
+        "nb:06_flash_v1_algorithm", "flash_attention_io at T_c = 1 / compulsory_io, N 1024, d 64")
+    # --- facts: notebooks 07, 08, 10 ---
+    fig2_min = att.compulsory_io(1024, 1024, 64, 64, 16)
+    v2_hbm = hbm["v2-portable"]
+    add("hbm_v2_reads_x_min", f"{v2_hbm['read_gb'] / (fig2_min['read_bytes'] / 1e9):.3f}×",
+        "nb:08_triton_flash_v2", "data/hbm.json: v2-portable reads / (Q, K, V once)")
+    v2_short_mb = (fig2_min["write_bytes"] / 1e9 - v2_hbm["write_gb"]) * 1e3
+    add("hbm_v2_writes_short", f"{v2_short_mb:.0f} MB",
+        "nb:08_triton_flash_v2", "data/hbm.json: (O and lse once) - v2-portable writes")
+    # --- facts: notebook 09 ---
+    # --- facts: notebooks 11-14 ---
+    nb11 = "nb:11_kv_cache_gqa"
+    by_shape11 = {(r["B"], r["N"]): r["results"] for r in load_result("decode")["rows"]}
+    v2_128k, fd_128k = (by_shape11[(1, 131072)][p] for p in ("flash_attn_v2", "flash_decode"))
+    add("nb11_v2_128k_us", f"takes {v2_128k['us']:.0f} µs", nb11,
+        "data/decode.json B 1 N 128k flash_attn_v2, CUDA-graph replay")
+    add("nb11_decode_128k_us", f"takes {fd_128k['us']:.0f} µs", nb11,
+        "data/decode.json B 1 N 128k flash_decode, CUDA-graph replay (same run and harness)")
+    add("nb11_v2_128k_pct", f"{v2_128k['copy_fraction']:.0%} of the copy bandwidth", nb11,
+        "data/decode.json B 1 N 128k flash_attn_v2 KV bandwidth / copy, graph")
+    add("nb11_decode_128k_pct", f"`flash_decode` at {fd_128k['copy_fraction']:.0%}", nb11,
+        "data/decode.json B 1 N 128k flash_decode KV bandwidth / copy, graph")
+    v2_b8 = by_shape11[(8, 32768)]["flash_attn_v2"]["copy_fraction"]
+    add("nb11_v2_b8_pct", f"reaches {v2_b8:.0%}", nb11,
+        "data/decode.json B 8 N 32k flash_attn_v2 KV bandwidth / copy, graph")
+    fa2_128k = by_shape11[(1, 131072)]["sdpa-FLASH_ATTENTION"]["copy_fraction"]
+    add("nb11_fa2_128k_pct", f"{fa2_128k:.0%} of the copy bandwidth in the same run", nb11,
+        "data/decode.json B 1 N 128k SDPA FLASH_ATTENTION KV bandwidth / copy, graph")
+    window13 = unified_max.safe_window(np.float16)
+    add("nb13_unified_window_f16", f"[{window13[0]:.2f}, {window13[1]:.2f}]",
+        "nb:13_paged_attention", "unified_max.safe_window(float16): the course's own rule")
+    # --- facts: decks ---
+    from course_lib.diagrams.slides_01_softmax import long_context_numbers
+    from course_lib.diagrams.slides_04_flash_v1 import v1_at_one_block
+    from course_lib.diagrams.slides_06_backward import matmul_counts
+    from course_lib.widgets.softmax_steps import DEMO_ROW, trace
+    d_long = long_context_numbers()
+    add("d01_s_128k", f"{d_long['s_bytes_128k'] / 2**30:.0f} GiB", "01_softmax",
+        "diagrams.slides_01_softmax.long_context_numbers: one head's S at N 128k, fp16")
+    add("d01_crossover", f"{d_long['crossover_tokens'] / 1e3:.0f}k tokens", "01_softmax",
+        "long_context_numbers: keys where 4·N·H·D equals the layer's weight FLOPs (Llama-3.2-1B)")
+    d_steps, d_blocks = trace(DEMO_ROW, 1), trace(DEMO_ROW, 4)
+    add("d01_alpha_step4", f"{d_steps[3].rescale:.3f}", "01_softmax",
+        "widgets.softmax_steps.trace(DEMO_ROW): step 4's rescale factor")
+    add("d01_d_final", f"{d_steps[-1].d_new:.3f}", "01_softmax",
+        "widgets.softmax_steps.trace(DEMO_ROW): d after the last step")
+    add("d01_alpha_blocked", f"{d_blocks[1].rescale:.3f}", "01_softmax",
+        "widgets.softmax_steps.trace(DEMO_ROW, 4): step 2's rescale factor")
+    d_ops = roofline.classify("H100-SXM", roofline.lesson_ops("H100-SXM", N=4096, d=64, H=16,
+                                                             fa2=True))
+    add("d02_floor_fused_fa2_us", f"{d_ops[-1]['time_floor_us']:.0f} µs", "02_gpu_tiling",
+        "roofline.classify(lesson_ops(fa2=True)): fused, Q K V O moved once")
+    add("d04_v1_tc1_x_floor", f"{v1_at_one_block()['ratio']:.1f}×", "04_flash_v1",
+        "diagrams.slides_04_flash_v1.v1_at_one_block: flash_attention_io at T_c = 1 / floor")
+    d_min = att.compulsory_io(1024, 1024, 64, 64, 16)
+    d_v2 = hbm["v2-portable"]
+    add("d04_hbm_v2_read", f"{d_v2['read_gb']:.3f} GB", "04_flash_v1 05_triton_flash",
+        "data/hbm.json: v2-portable DRAM reads")
+    add("d04_hbm_v2_write", f"{d_v2['write_gb']:.3f} GB", "04_flash_v1 05_triton_flash",
+        "data/hbm.json: v2-portable DRAM writes")
+    add("d04_min_write", f"{d_min['write_bytes'] / 1e9:.3f} GB", "04_flash_v1 05_triton_flash",
+        "iomodel.attention.compulsory_io at the Figure 2 shape: O and lse written once")
+    add("d05_lazy_rescale",
+        _pct_span([1 - r["ratio"] for r in ideas if r["idea"].startswith("lazy")]),
+        "05_triton_flash", "hopper_plan.ideas_rows: lazy rescaling, 1 - best with / without")
+    d_mm = matmul_counts()
+    add("d06_matmuls_split", f"{d_mm['dkdv']} + {d_mm['dq']}", "06_backward",
+        "tl.dot calls in flash_bwd._bwd_dkdv_inner and _bwd_dq_inner")
+    add("d06_matmuls_over_convention", f"{d_mm['total']}/5", "06_backward",
+        "the course's backward matmuls / the five of the 2.5x convention")
+    add("d06_two_pass_extra", f"{d_mm['total'] / 4 - 1:.0%}", "06_backward",
+        "backward FLOPs, the course's matmuls / the four needed with P kept, - 1")
+    d_dec = {(r["B"], r["N"]): r["results"] for r in dec["rows"]}
+    add("d07_v2_128k_pct", f"{d_dec[(1, 131072)]['flash_attn_v2']['copy_fraction']:.0%}",
+        "07_decoding", "data/decode.json B 1 N 128k flash_attn_v2 / copy, graph")
+    add("d07_fa2_128k_pct",
+        f"{d_dec[(1, 131072)]['sdpa-FLASH_ATTENTION']['copy_fraction']:.0%}", "07_decoding",
+        "data/decode.json B 1 N 128k SDPA FLASH_ATTENTION / copy, graph")
+    d_llama = next(r for r in load_result("llama")["rows"] if r["prompt"] == 8192)
+    for key, col in (("prefill_ours", "prefill_ms_course_kernels"), ("prefill_sdpa",
+                     "prefill_ms_sdpa"), ("decode_ours", "decode_ms_course_kernels"),
+                     ("decode_sdpa", "decode_ms_sdpa")):
+        add(f"d07_llama_8k_{key}", f"{d_llama[col]:.1f}", "07_decoding",
+            f"data/llama.json prompt 8192: {col}")
+
     # README: the measured table (readme_measured), each row with its harness ------------------
     def nb(r, D=None, causal=None, long=None):
         return ((D is None or r["D"] == D) and (causal is None or r["causal"] == causal)

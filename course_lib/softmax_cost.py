@@ -4,8 +4,9 @@ Introduced in notebooks/01_softmax.ipynb. The counts come from ``course_lib.opco
 the functions of ``course_lib.softmax`` on instrumented arrays (the convention is in opcount's
 docstring). The closed forms below are *checked* against those counts, never used to make them.
 
-The input is s×s, as in seed 003 and in attention, where softmax runs over the N×N score matrix:
-s rows of length s, so per-row costs are multiplied by s (hence the s² in every formula).
+The input is s×s, as in attention, where softmax runs over the N×N score matrix: s rows of
+length s, so per-row costs are multiplied by s (hence the s² in every formula). The lesson's
+appendix uses these counts to check FLOP formulas that circulate for the same algorithms.
 """
 from __future__ import annotations
 

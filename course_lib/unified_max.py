@@ -1,23 +1,32 @@
-"""FlashDecoding++'s unified max: partial softmaxes that need no rescaling, in NumPy.
+"""A unified max for split softmaxes, in NumPy: FlashDecoding++'s idea, with the course's own
+rule for when to fall back.
 
 Introduced in notebooks/13_paged_attention.ipynb (after the split-KV merge of
 notebooks/12_flash_decoding.ipynb).
 
 Flash-Decoding computes each split's partial softmax with the split's *own* maximum m_s, so the
 merge must rescale every partial result by e^{m_s − m} (or e^{lse_s − lse}) once the global
-maximum is known: a synchronisation between splits. FlashDecoding++ (Hong et al., "FlashDecoding++:
-Faster Large Language Model Inference on GPUs", 2023, §3 "asynchronized softmax with unified
-max value") observes that softmax is unchanged by *any* shift φ,
+maximum is known: a synchronisation between splits. FlashDecoding++ (K. Hong et al.,
+"FlashDecoding++: Faster Large Language Model Inference on GPUs", 2023, §3 "Asynchronized
+softmax with unified max value", https://arxiv.org/abs/2311.01282) observes that softmax is
+unchanged by *any* shift φ,
 
     softmax(x)_i = e^{x_i − φ} / Σ_j e^{x_j − φ},
 
-so if every split subtracts the same fixed φ — chosen ahead of time from the statistics of a
-model's attention logits — the partial numerators Σ e^{x−φ}·v and denominators Σ e^{x−φ}
-just *add up*: no per-split max, no rescaling, no waiting. The price is range: e^{x−φ} must
-neither overflow (x − φ above ln(max float): 88.7 in fp32, 11.1 in fp16) nor let a whole row
-underflow out of the normal range. When a row's largest logit leaves the safe window
-``[φ + lo, φ + hi]`` (``safe_window``), that row is recomputed with the ordinary safe
-(synchronised) method: the *fallback*.
+so if every split subtracts the same fixed φ the partial numerators Σ e^{x−φ}·v and
+denominators Σ e^{x−φ} just *add up*: no per-split max, no rescaling, no waiting. The paper
+picks φ for each model from the statistics of the softmax inputs it measured on real models
+(its Figure 5), and recomputes a row with the synchronised method when its values fall outside
+the range that φ was chosen for.
+
+What is the course's own here (a variant connected to that idea, not the paper's method): the
+test for when to fall back. ``safe_window`` derives a window for a row's largest x − φ from the
+exponential's floating-point range alone: above ln(max float) − ``margin`` (10.09 in fp16,
+87.7 in fp32) the largest term e^{x−φ} is about to overflow; below ln(smallest normal) +
+``headroom`` (−3.70 in fp16) the terms near the row's maximum are already subnormal. A row
+whose largest x − φ leaves ``[lo, hi]`` is recomputed with the ordinary safe (synchronised)
+method: the *fallback*. The fallback rates of ``fallback_rate`` and its figure are for scores
+drawn from a normal distribution, not from a model.
 
 Everything here is plain NumPy on one row of scores ``s`` (N,) and values ``v`` (N, D).
 """
@@ -41,7 +50,7 @@ def exp_overflow_threshold(dtype=np.float16) -> float:
 
 def safe_window(dtype=np.float16, margin: float = 1.0, headroom: float = 6.0
                 ) -> tuple[float, float]:
-    """(lo, hi): the range a row's largest x − φ must stay in.
+    """(lo, hi): the range a row's largest x − φ must stay in (the course's own rule).
 
     Above ``hi`` = ln(max float) − ``margin`` the largest term e^{x−φ} is about to overflow.
     Below ``lo`` = ln(smallest normal) + ``headroom`` the terms within e^{−headroom} of the
@@ -80,7 +89,7 @@ def synchronized_split_attention(s, v, n_splits: int):
 
 def unified_max_attention(s, v, phi: float, n_splits: int, dtype=np.float16,
                           window: tuple[float, float] | None = None):
-    """FlashDecoding++'s way: every split subtracts the same fixed ``phi`` and the partial sums
+    """FlashDecoding++'s idea: every split subtracts the same fixed ``phi`` and the partial sums
     are simply added. The exponentials are computed in ``dtype`` (as a kernel would).
 
     Returns (o, fell_back): when any x − φ leaves the safe ``window`` (default
@@ -104,7 +113,8 @@ def unified_max_attention(s, v, phi: float, n_splits: int, dtype=np.float16,
 
 def fallback_rate(phi: float, mean: float = 0.0, std: float = 3.0, n_keys: int = 1024,
                   rows: int = 2000, dtype=np.float16, seed: int = 0) -> float:
-    """Fraction of rows whose logits (normal, ``mean``, ``std``) leave φ's safe window."""
+    """Fraction of rows whose logits (normal, ``mean``, ``std``) leave φ's safe window
+    (``safe_window``: the course's rule)."""
     rng = np.random.default_rng(seed)
     lo, hi = safe_window(dtype)
     top = (rng.standard_normal((rows, n_keys)) * std + mean).max(axis=1) - phi
@@ -120,7 +130,8 @@ def unified_max_figure() -> Figure:
         rates = [fallback_rate(p, dtype=dtype, rows=400) for p in phis]
         ax.plot(phis, np.array(rates) * 100, color=color, label=np.dtype(dtype).name)
     ax.set(xlabel="unified max φ", ylabel="rows recomputed (%)",
-           title="FlashDecoding++: rows that fall back, logits ~ N(0, 3²), 1024 keys")
+           title="Unified max with the course's safe window:\n"
+                 "rows that fall back, logits ~ N(0, 3²), 1024 keys")
     ax.grid(alpha=0.3)
     ax.legend()
     return fig

@@ -22,7 +22,7 @@ from course_lib import figures
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGE_LINK = re.compile(r"(?:\.\./)*images/([\w.-]+\.png)")
-CHEAP = ("06_block_size_sweep", "08_causal_block_kinds", "06_seed_sketch_error")
+CHEAP = ("06_block_size_sweep", "08_causal_block_kinds", "06_sketch_pitfalls")
 
 
 def modules_with_figures() -> set[str]:

@@ -145,10 +145,10 @@ def test_figure2_prediction():
 
 
 def test_figures_draw():
-    from course_lib import seed_sketch
+    from course_lib import sketch_pitfalls
     from course_lib.widgets import tile_walk
 
-    for name, make in {**io.FIGURES, **tile_walk.FIGURES, **seed_sketch.FIGURES}.items():
+    for name, make in {**io.FIGURES, **tile_walk.FIGURES, **sketch_pitfalls.FIGURES}.items():
         fig = make()
         assert fig.axes, name
 
@@ -164,13 +164,26 @@ def test_tile_walk_records_every_step():
     assert draw_step(steps, 2).axes
 
 
-def test_seed_sketch_departures():
-    from course_lib.seed_sketch import departures
+def test_sketch_pitfalls_departures():
+    from course_lib.sketch_pitfalls import departures
 
     errs = departures()
     print(errs)
     assert errs.pop("all fixed") < 1e-12
     assert all(e > 1e-2 for e in errs.values()), errs
+
+
+def test_first_try_is_the_loop_with_every_pitfall():
+    from course_lib.sketch_pitfalls import first_try, sketch_forward
+
+    for N_q, N_k, d, B_r, B_c, p in [(11, 8, 16, 4, 3, 0.2), (7, 13, 4, 2, 5, 0.0)]:
+        gen = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, 1, n, d, generator=gen, dtype=torch.float64)
+                   for n in (N_q, N_k, N_k))
+        ours = first_try(q, k, v, B_r, B_c, p, generator=torch.Generator().manual_seed(5))
+        switched = sketch_forward(q, k, v, B_r, B_c, (), causal=True, dropout_p=p,
+                                  dropout_seed=5)
+        assert (ours - switched).abs().max().item() < 1e-12
 
 
 def test_exercise_solutions_pass():

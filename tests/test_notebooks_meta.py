@@ -78,7 +78,7 @@ def test_course_lab_serves_the_notebooks():
         listing, deadline = None, time.time() + 90
         while time.time() < deadline and listing is None:
             try:
-                url = f"http://127.0.0.1:{port}/api/contents?token={token}"
+                url = f"http://127.0.0.1:{port}/api/contents/notebooks?token={token}"
                 with urllib.request.urlopen(url, timeout=5) as r:
                     listing = json.load(r)
             except OSError:
@@ -86,6 +86,10 @@ def test_course_lab_serves_the_notebooks():
         assert listing is not None, "JupyterLab did not answer within 90 s"
         names = {item["name"] for item in listing["content"]}
         assert "00_setup.ipynb" in names
+        # rooted at the repository: the notebooks' ../images/ links resolve
+        image = f"http://127.0.0.1:{port}/files/images/00_launch_1d.png?token={token}"
+        with urllib.request.urlopen(image, timeout=10) as r:
+            assert r.status == 200 and r.read(8) == b"\x89PNG\r\n\x1a\n"
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/lab?token={token}", timeout=10) as r:
             assert r.status == 200 and b"JupyterLab" in r.read()
     finally:

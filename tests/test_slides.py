@@ -126,6 +126,16 @@ def test_no_slide_overflows(rendered):
 
 @pytest.mark.slides
 @needs_chromium
+def test_smallest_text_is_readable_from_the_back(rendered):
+    """Every slide's smallest text, HTML and inside its figures (their smallest font at the size
+    the slide draws them), is at least MIN_TEXT_PX pixels of a 1280×720 slide."""
+    _, html = rendered
+    problems = slides.check_readability(html)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slides
+@needs_chromium
 def test_pdf_export(tmp_path):
     decks = [slides.deck_path("01_softmax", "en"), slides.deck_path("01_softmax", "zh")]
     pdfs = slides.render_pdf(tmp_path, decks=decks)

@@ -183,8 +183,8 @@ def _route_answer() -> str:
         f"floor. flash_attn_v2 used for decoding launches only B·H = {h} programs, each "
         f"walking all {n} keys alone, so it stays well below that bandwidth (section 6's "
         f"attention-alone table measures by how much): a difference of some tenths of a "
-        f"millisecond per token at most. {per_token}mostly kernel launches, Python, the "
-        f"DynamicCache's copies and the 128 256-wide output layer. So the route changes a "
+        f"millisecond per token at most. {per_token}mostly kernel launches, Python and the "
+        f"DynamicCache's copies. So the route changes a "
         f"few percent of the per-token time in eager PyTorch. It matters once the rest is "
         f"removed (CUDA graphs, a static cache, larger batches, longer contexts), where "
         f"attention's share grows with the cache.")

@@ -140,7 +140,7 @@ def _attention_flops(B, H, N_q, N_k, d) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# standard attention (Algorithm 0 of the paper; the 8 HBM operations of seed 000)
+# standard attention (Algorithm 0 of the paper: three kernels, 8 HBM operations)
 # ---------------------------------------------------------------------------------------------
 
 def standard_attention_steps(N, d, B=1, H=1, bytes_per_el=2, N_k=None) -> list[dict]:
@@ -385,7 +385,7 @@ def print_figure2_prediction(pred: dict | None = None) -> None:
         print(f"{name:<16} {nbytes / 1e9:8.3f} GB   {nbytes / pred['standard']:7.1%} of standard")
 
 
-def _axes(ax, size=(6.4, 4.2)):
+def _axes(ax, size=(8.4, 5.6)):
     """A new Figure (no pyplot state, so nothing leaks when many are drawn) or ``ax``'s."""
     from matplotlib.figure import Figure
 
@@ -418,17 +418,18 @@ def plot_io_vs_N(d=64, M=A100_M, N_values=tuple(2 ** k for k in range(7, 17)), c
     ax.annotate("", xy=(Ns[-1], v1[-1]), xytext=(Ns[-1], std[-1]),
                 arrowprops={"arrowstyle": "<->", "color": "k"})
     ax.text(Ns[-1] / 1.15, math.sqrt(v1[-1] * std[-1]), f"{std[-1] / v1[-1]:.1f}× fewer\n"
-            f"≈ M/(3d²)", ha="right", va="center", fontsize=9)
+            f"≈ M/(3d²)", ha="right", va="center", fontsize=10)
     ax.set(xlabel="sequence length N", ylabel="HBM accesses (elements, one head)",
            title=f"Attention's HBM traffic against N (d = {d})")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
     return fig
 
 
-def plot_io_vs_M(N=1024, d=64, M_values=tuple(2 ** k for k in range(6, 19)), max_steps=5000,
+def plot_io_vs_M(N=1024, d=64, M_values=tuple(2 ** k for k in range(6, 21)), max_steps=5000,
                  ax=None):
-    """HBM elements (one head) against the SRAM size M: v1 falls as 1/M, standard stays flat.
+    """HBM elements (one head) against the SRAM size M: v1 falls as 1/M, standard stays flat,
+    and once one block holds every key (T_c = 1) v1 levels off about 1.5× above the floor.
 
     Markers: the instrumented v1 loops, where they take at most ``max_steps`` block steps.
     """
@@ -450,11 +451,17 @@ def plot_io_vs_M(N=1024, d=64, M_values=tuple(2 ** k for k in range(6, 19)), max
               color="C0", mfc="none", label="counted (instrumented loops)")
     ax.axvspan(d, N * d, color="C0", alpha=0.05)
     ax.axvline(A100_M, color="k", lw=0.8, ls="-.")
-    ax.text(A100_M, std * 1.3, " A100 SM\n (192 KiB fp16)", fontsize=8, va="bottom")
+    ax.text(A100_M, std * 1.3, " A100 SM\n (192 KiB fp16)", fontsize=10, va="bottom")
+    # T_c = 1 (one block holds every key): the curve levels off above the floor, since O, l
+    # and m are still initialised in HBM, read back and written again
+    last_floor = compulsory_io(N, N, d)["elements"]
+    ax.annotate(f"T_c = 1: {v1[-1] / last_floor:.1f}×\nthe floor (O, ℓ, m\nstill go through HBM)",
+                (Ms[-1], v1[-1]), xytext=(Ms[-1], v1[-1] * 2.4), ha="right", va="bottom",
+                fontsize=10, arrowprops={"arrowstyle": "-", "color": "0.4", "lw": 0.8})
     ax.set(xlabel="SRAM size M (elements)", ylabel="HBM accesses (elements, one head)",
            title=f"HBM traffic against SRAM size (N = {N}, d = {d}); shaded: d ≤ M ≤ Nd")
-    ax.set_ylim(top=std * 8)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.set_ylim(top=std * 8, bottom=last_floor / 3)
+    ax.legend(fontsize=10, loc="lower left")
     ax.grid(True, which="major", alpha=0.3)
     return fig
 
@@ -485,7 +492,7 @@ def plot_block_size_sweep(block_sizes=(64, 128, 256, 512), shape=None, bandwidth
     ax2.set_ylabel("runtime floor (ms), A100 roofline")
     ax2.set_ylim(bottom=0)
     handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
-    ax.legend(handles, [h.get_label() for h in handles], fontsize=8)
+    ax.legend(handles, [h.get_label() for h in handles], fontsize=10)
     return fig
 
 

@@ -12,10 +12,14 @@ Introduced in notebooks/11_kv_cache_gqa.ipynb; used again by notebooks/12_flash_
   the arithmetic intensity is ``(H / H_kv) · N_q · 2 / bytes_per_el`` FLOP/byte — 1 for MHA in
   fp16 at N_q = 1, 4 for a GQA group of 4 — against a ridge point near 300 FLOP/byte on an H100.
   The kernel's time floor is the KV bytes over the memory bandwidth.
-* **Parallelism.** A FlashAttention forward kernel launches ``B · H · ⌈N_q / BLOCK_M⌉`` programs;
-  at N_q = 1 that is B·H, e.g. 32 for one sequence of a 32-head model, against 132 SMs on an
-  H100, and each program walks all L keys alone. Flash-Decoding launches
-  ``B · H_kv · num_splits`` programs instead (``course_lib.kernels.decode``).
+* **Parallelism.** A forward kernel built for training, with one program per (batch, head,
+  ``BLOCK_M`` query rows) like the course's ``flash_attn_v2`` (lesson 08), launches
+  ``B · H · ⌈N_q / BLOCK_M⌉`` programs; at N_q = 1 that is B·H, e.g. 32 for one sequence of a
+  32-head model, against 132 SMs on an H100, and each program walks all L keys alone.
+  Flash-Decoding launches ``B · H_kv · num_splits`` programs instead
+  (``course_lib.kernels.decode``); the FlashAttention library has such a split-KV path for
+  decoding too (``flash_attn_with_kvcache``, ``num_splits``; Dao et al., "Flash-Decoding for
+  long-context inference", 2023).
 
 Model shapes are the published ``config.json`` values (layers, attention heads, key/value heads,
 head dim) of the named checkpoints on the Hugging Face hub and in their papers.
@@ -30,7 +34,7 @@ from matplotlib.figure import Figure
 __all__ = [
     "ModelShape", "MODELS", "kv_bytes_per_token", "kv_cache_bytes", "decode_attention_io",
     "fa_forward_programs", "split_kv_programs", "sm_fraction", "max_cached_tokens",
-    "FIGURES",
+    "VLLM_OPT13B_BYTES", "FIGURES",
 ]
 
 
@@ -74,8 +78,15 @@ MODELS: dict[str, ModelShape] = {
     "Llama-3-70B": ModelShape("Llama-3-70B", 70.6, 80, 64, 8, 128,
                               _HF.format("meta-llama/Meta-Llama-3-70B")),
 }
-"""Published shapes. Llama-2-13B is the MHA "14B class" the seed notes speak of (0.7–1 MB per
-token); Qwen2.5-14B is a 14B model with GQA."""
+"""Published shapes. Llama-2-13B has the attention shape of OPT-13B (40 layers, hidden size 5120
+= 40 heads × 128), the model whose KV cache per token the vLLM paper counts
+(``VLLM_OPT13B_BYTES``); Qwen2.5-14B is a 14B model with GQA."""
+
+#: The vLLM paper's count of KV cache per token for OPT-13B: 2 (key and value vectors) × 5120
+#: (hidden size) × 40 (layers) × 2 (bytes per fp16) = 800 KB (Kwon et al., "Efficient Memory
+#: Management for Large Language Model Serving with PagedAttention", SOSP 2023, §3,
+#: https://arxiv.org/abs/2309.06180).
+VLLM_OPT13B_BYTES = 2 * 5120 * 40 * 2
 
 
 def kv_bytes_per_token(model: ModelShape, bytes_per_el: float = 2, n_kv_heads: int | None = None
@@ -133,7 +144,9 @@ def decode_attention_io(B: int, H: int, H_kv: int, N_q: int, L: int, D: int,
 
 
 def fa_forward_programs(B: int, H: int, N_q: int, block_m: int = 128) -> int:
-    """Programs a FlashAttention(-2) forward launches: one per (batch, head, BLOCK_M query rows)."""
+    """Programs of a forward kernel with one program per (batch, head, BLOCK_M query rows): the
+    course's ``flash_attn_v2`` (FlashAttention-2's training-time grid, without the split-KV path
+    the FlashAttention library uses for decoding)."""
     return B * H * math.ceil(N_q / block_m)
 
 
@@ -163,9 +176,9 @@ def kv_cache_figure() -> Figure:
     ax0.invert_yaxis()
     ax0.set(xlabel="KV cache per token, MiB (fp16, all layers)",
             title="KV cache per token")
-    ax0.axvspan(0.7 * 1e6 / 2**20, 1e6 / 2**20, color="tab:orange", alpha=0.15,
-                label="0.7–1 MB (seed notes, 14B)")
-    ax0.legend(fontsize=8, loc="upper right")
+    ax0.axvline(VLLM_OPT13B_BYTES / 2**20, color="tab:orange", lw=2, ls="--",
+                label="800 KB: OPT-13B in the vLLM paper")
+    ax0.legend(fontsize=10, loc="center right", bbox_to_anchor=(1.0, 0.4))
 
     tokens = [2**k for k in range(10, 18)]
     for n, color in (("Llama-2-13B", "tab:red"), ("Qwen2.5-14B", "tab:green"),
@@ -179,31 +192,39 @@ def kv_cache_figure() -> Figure:
     ax1.set(xlabel="tokens in the cache (one sequence)", ylabel="GiB (fp16)",
             title="cache of one sequence")
     ax1.grid(alpha=0.3)
-    ax1.legend(fontsize=8)
+    ax1.legend(fontsize=10)
     return fig
 
 
-def decode_parallelism_figure(sms: int = 132) -> Figure:
-    """Programs launched at N_q = 1 by a FlashAttention forward vs by split-KV, against SMs."""
-    fig = Figure(figsize=(6.4, 4.2), layout="constrained")
+def _splits(batch: int, kv_heads: int, sms: int, programs_per_sm: int) -> int:
+    """The largest power of two of splits that keeps B·H_kv·splits <= programs_per_sm·SMs (the
+    rule of ``course_lib.kernels.decode.choose_num_splits``, long contexts)."""
+    wanted = programs_per_sm * sms // (batch * kv_heads)
+    return 1 << max(0, wanted.bit_length() - 1)
+
+
+def decode_parallelism_figure(sms: int = 132, programs_per_sm: int = 2) -> Figure:
+    """Programs launched at N_q = 1 by a one-program-per-head kernel (the course's
+    ``flash_attn_v2``) and by split-KV (``flash_decode``), against the SMs."""
+    fig = Figure(figsize=(6.8, 4.4), layout="constrained")
     ax = fig.subplots()
     batches = [1, 2, 4, 8, 16, 32, 64]
     H, H_kv = 32, 8
     ax.plot(batches, [fa_forward_programs(b, H, 1) for b in batches], marker="o",
-            color="tab:blue", label=f"FlashAttention forward: B·H (H = {H})")
+            color="tab:blue", label=f"one program per head (flash_attn_v2): B·H, H = {H}")
     ax.plot(batches, [fa_forward_programs(b, H_kv, 1) for b in batches], marker="s",
-            color="tab:cyan", label=f"… with GQA rows packed: B·H_kv (H_kv = {H_kv})")
-    ax.plot(batches, [split_kv_programs(b, H_kv, max(1, 4 * sms // (b * H_kv)))
+            color="tab:cyan", label=f"… with GQA rows packed: B·H_kv, H_kv = {H_kv}")
+    ax.plot(batches, [split_kv_programs(b, H_kv, _splits(b, H_kv, sms, programs_per_sm))
                       for b in batches], marker="D", color="tab:red",
-            label="split-KV: B·H_kv·num_splits (≈ 4 per SM)")
+            label=f"split-KV (flash_decode): B·H_kv·splits, ≤ {programs_per_sm} per SM")
     ax.axhline(sms, color="k", ls="--", lw=1, label=f"{sms} SMs (H100)")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     ax.set_xticks(batches, [str(b) for b in batches])
     ax.set(xlabel="batch size B (decoding, N_q = 1)", ylabel="programs launched",
-           title="Who keeps 132 SMs busy at small batch?")
+           title=f"Who keeps {sms} SMs busy at small batch?")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=10)
     return fig
 
 

@@ -22,8 +22,8 @@ memory space), and both checked to produce A·B:
   The arithmetic and the shared-memory reads are exactly the naive ones: tiling moves the
   re-reads from HBM to on-chip SRAM.
 
-The 32×32 example of the course's source deck: naive 2·32·32·32 = 65536 global reads,
-16×16 tiles 65536/16 = 4096 (``matmul_global_reads(32, 32, 32, tile=16)``).
+The 32×32 example of notebook 03: naive 2·32·32·32 = 65536 global reads, 16×16 tiles
+65536/16 = 4096 (``matmul_global_reads(32, 32, 32, tile=16)``).
 
 What the model leaves out, on purpose: caches (a real GPU serves many of the tiled re-reads
 from L2, which is why the grouped launch order of notebook 03's Triton kernel matters),

@@ -72,6 +72,7 @@ from course_lib.kernels.flash_v2 import (
     _flash_attn_v2_forward,
     _q_block_program,
     dot_precision,
+    interpreter_errstate,
 )
 from course_lib.reference import LOG2E
 
@@ -442,40 +443,44 @@ def flash_attn_v2_backward(do, q, k, v, o, lse, causal, sm_scale, config: BwdCon
     lse = lse.contiguous()
     delta = torch.empty((B, H, N_q), dtype=acc_dtype, device=q.device)
     lse2 = torch.empty_like(delta)
-    _bwd_preprocess_kernel[(triton.cdiv(N_q, cfg.block_pre), B * H)](
-        o, do, lse, delta, lse2, N_q, HEAD_DIM=D, BLOCK_M=cfg.block_pre)
+    # The interpreter evaluates every lane with NumPy, also those tl.where then drops: with a
+    # large sm_scale, exp2 of the scores past the causal diagonal overflows to inf before
+    # they are set to 0. Expected, not an error (interpreter_errstate; a no-op on a GPU).
+    with interpreter_errstate():
+        _bwd_preprocess_kernel[(triton.cdiv(N_q, cfg.block_pre), B * H)](
+            o, do, lse, delta, lse2, N_q, HEAD_DIM=D, BLOCK_M=cfg.block_pre)
 
-    qk_scale = sm_scale * LOG2E
-    meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype)}
-    if splits == 1:
-        dk = torch.empty_like(k)
-        dv = torch.empty_like(v)
-    else:  # fp32 partial sums, one per split of the group
-        dk = torch.empty((splits, B, H_kv, N_k, D), dtype=acc_dtype, device=q.device)
-        dv = torch.empty_like(dk)
-    kv_args = (q, k, v, do, lse2, delta, dk, dv, qk_scale, sm_scale, H, H_kv, N_q, N_k,
-               group // splits, n_bucket)
-    if tuned:
-        _dkdv_tuned[lambda m: (triton.cdiv(N_k, m["BLOCK_N"]), splits * B * H_kv)](*kv_args,
-                                                                                   **meta)
-    else:
-        _bwd_dkdv_kernel[(triton.cdiv(N_k, cfg.block_n1), splits * B * H_kv)](
-            *kv_args, **meta, BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
-            MASK_BLOCK_M=cfg.block_m1 // cfg.mask_factor,
-            num_warps=cfg.warps_kv, num_stages=cfg.stages_kv)
-    if splits > 1:
-        dk = dk.sum(0).to(k.dtype)
-        dv = dv.sum(0).to(v.dtype)
+        qk_scale = sm_scale * LOG2E
+        meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype)}
+        if splits == 1:
+            dk = torch.empty_like(k)
+            dv = torch.empty_like(v)
+        else:  # fp32 partial sums, one per split of the group
+            dk = torch.empty((splits, B, H_kv, N_k, D), dtype=acc_dtype, device=q.device)
+            dv = torch.empty_like(dk)
+        kv_args = (q, k, v, do, lse2, delta, dk, dv, qk_scale, sm_scale, H, H_kv, N_q, N_k,
+                   group // splits, n_bucket)
+        if tuned:
+            _dkdv_tuned[lambda m: (triton.cdiv(N_k, m["BLOCK_N"]), splits * B * H_kv)](*kv_args,
+                                                                                       **meta)
+        else:
+            _bwd_dkdv_kernel[(triton.cdiv(N_k, cfg.block_n1), splits * B * H_kv)](
+                *kv_args, **meta, BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
+                MASK_BLOCK_M=cfg.block_m1 // cfg.mask_factor,
+                num_warps=cfg.warps_kv, num_stages=cfg.stages_kv)
+        if splits > 1:
+            dk = dk.sum(0).to(k.dtype)
+            dv = dv.sum(0).to(v.dtype)
 
-    dq = torch.empty_like(q)
-    q_args = (q, k, v, do, lse2, delta, dq, qk_scale, sm_scale, H, H_kv, N_q, N_k, n_bucket)
-    if tuned:
-        _dq_tuned[lambda m: (triton.cdiv(N_q, m["BLOCK_M"]), B * H)](*q_args, **meta)
-    else:
-        _bwd_dq_kernel[(triton.cdiv(N_q, cfg.block_m2), B * H)](
-            *q_args, **meta, BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2,
-            MASK_BLOCK_N=cfg.block_n2 // cfg.mask_factor,
-            num_warps=cfg.warps_q, num_stages=cfg.stages_q)
+        dq = torch.empty_like(q)
+        q_args = (q, k, v, do, lse2, delta, dq, qk_scale, sm_scale, H, H_kv, N_q, N_k, n_bucket)
+        if tuned:
+            _dq_tuned[lambda m: (triton.cdiv(N_q, m["BLOCK_M"]), B * H)](*q_args, **meta)
+        else:
+            _bwd_dq_kernel[(triton.cdiv(N_q, cfg.block_m2), B * H)](
+                *q_args, **meta, BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2,
+                MASK_BLOCK_N=cfg.block_n2 // cfg.mask_factor,
+                num_warps=cfg.warps_q, num_stages=cfg.stages_q)
     return dq, dk, dv
 
 

@@ -8,7 +8,8 @@ Introduced in notebooks/09_hopper.ipynb, next to ``course_lib.kernels.flash_v2_h
   ``plot_smem_per_stage`` draws it;
 * ``score_costs``: the two numbers of the ceiling argument, per score element: the tensor-core
   time of its 4·D FLOPs and the exp2 + FP32 time of its softmax, from the GPU's datasheet rates
-  (``course_lib.hardware.GPUS``) and the CUDA Programming Guide's instruction throughputs;
+  (``course_lib.hardware.GPUS``) and the CUDA Programming Guide's instruction throughputs
+  (``pinned=True``: the shorter softmax of the pinned max, no row max and no rescaling);
 * ``tma_tile_demo``: one descriptor load and one descriptor store that run past the end of a
   tensor, to show the copy engine clipping (no masks);
 * ``load_probe``: the first H100 measurement, the table committed in
@@ -30,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from course_lib._device import DEVICE
+from course_lib._device import DEVICE, INTERPRET
 from course_lib.hardware import GPUSpec, get_gpu
 from course_lib.kernels.flash_v2_plan import PERF_NOTES, grid
 
@@ -105,7 +106,7 @@ def plot_smem_per_stage(head_dims=(64, 128, 256), gpu: str = "H100-SXM"):
     from matplotlib.patches import Patch
 
     rows = config_rows(head_dims=head_dims, gpu=gpu)
-    fig = Figure(figsize=(4.2 * len(head_dims), 4.2), layout="constrained")
+    fig = Figure(figsize=(4.6 * len(head_dims), 5.2), layout="constrained")
     axes = fig.subplots(1, len(head_dims), sharey=True, squeeze=False)[0]
     top = max(r["total_kib"] for r in rows)
     for ax, d in zip(axes, head_dims):
@@ -116,10 +117,10 @@ def plot_smem_per_stage(head_dims=(64, 128, 256), gpu: str = "H100-SXM"):
             for s in range(r["stages"]):
                 ax.bar(x, r["per_stage_kib"], bottom=r["q_kib"] + s * r["per_stage_kib"],
                        color=("tab:blue", "tab:cyan")[s % 2], hatch=hatch, edgecolor="white")
-            ax.text(x, r["total_kib"] + 4, f"{r['total_kib']:.0f}", ha="center", fontsize=8)
+            ax.text(x, r["total_kib"] + 4, f"{r['total_kib']:.0f}", ha="center", fontsize=10)
         ax.axhline(sub[0]["budget_kib"], color="crimson", ls="--", lw=1)
-        ax.set_xticks(range(len(sub)), [r["config"] for r in sub], rotation=35, ha="right",
-                      fontsize=8)
+        ax.set_xticks(range(len(sub)), [r["config"] for r in sub], rotation=40, ha="right",
+                      fontsize=10)
         ax.set_title(f"HEAD_DIM = {d}")
         ax.set_ylim(0, max(top, sub[0]["budget_kib"]) * 1.12)
     axes[0].set_ylabel("shared memory per program (KiB), fp16")
@@ -131,9 +132,9 @@ def plot_smem_per_stage(head_dims=(64, 128, 256), gpu: str = "H100-SXM"):
                             Patch(color="tab:blue", label="one stage: K + V tiles"),
                             Patch(facecolor="white", edgecolor="gray", hatch="//",
                                   label="dropped by keep_hopper_config")],
-                   fontsize=8, loc="upper left")
+                   fontsize=10, loc="upper left")
     fig.suptitle(f"Hopper configs: tiles in flight against {get_gpu(gpu).name}'s shared memory",
-                 fontsize=10)
+                 fontsize=12)
     return fig
 
 
@@ -157,18 +158,23 @@ def block_mma_cycles(BLOCK_M: int, BLOCK_N: int, D: int) -> float:
     return 2 * (2 * BLOCK_M * BLOCK_N * D) / MMA_FLOPS_PER_SM_CYCLE
 
 
-def softmax_fp32_ops(D: int, BLOCK_N: int) -> dict[str, float]:
+def softmax_fp32_ops(D: int, BLOCK_N: int, pinned: bool = False) -> dict[str, float]:
     """FP32 instructions per score element in the unmasked loop of ``_online_softmax_step``,
     besides its exp2. The α-rescale of acc costs D multiplications per row and key block:
-    D / BLOCK_N per score."""
-    return {"scale and subtract the row max (one FFMA)": 1.0,
-            "row max (FMNMX)": 1.0,
-            "row sum of p (FADD)": 1.0,
-            "convert p to fp16 (one F2FP per two scores)": 0.5,
-            "rescale acc by α (FMUL, D / BLOCK_N)": D / BLOCK_N}
+    D / BLOCK_N per score. With ``pinned`` (the pinned max of ``flash_v2_hopper``, after the
+    first key block) there is no row max and no rescaling."""
+    ops = {"scale and subtract the row max (one FFMA)": 1.0,
+           "row max (FMNMX)": 1.0,
+           "row sum of p (FADD)": 1.0,
+           "convert p to fp16 (one F2FP per two scores)": 0.5,
+           "rescale acc by α (FMUL, D / BLOCK_N)": D / BLOCK_N}
+    if pinned:
+        del ops["row max (FMNMX)"], ops["rescale acc by α (FMUL, D / BLOCK_N)"]
+    return ops
 
 
-def score_costs(D: int, gpu: str | GPUSpec = "H100-SXM", BLOCK_N: int = 128) -> dict:
+def score_costs(D: int, gpu: str | GPUSpec = "H100-SXM", BLOCK_N: int = 128,
+                pinned: bool = False) -> dict:
     """The two numbers, per score element, in picoseconds of the whole chip.
 
     * MMA: 4·D FLOPs (QKᵀ and PV, the course's FLOP count) at the dense fp16 tensor-core rate;
@@ -178,12 +184,13 @@ def score_costs(D: int, gpu: str | GPUSpec = "H100-SXM", BLOCK_N: int = 128) -> 
     ``serial_tflops``: the throughput if the two never overlap (time = MMA + softmax), the
     design of the course's kernels; ``overlapped_tflops``: if they overlap perfectly (time =
     the larger one), what FlashAttention-3's ping-pong schedule aims at. A model, not a bound.
+    ``pinned``: the softmax of the pinned max (``softmax_fp32_ops(..., pinned=True)``).
     """
     spec = get_gpu(gpu)
     fp32_instr_per_s = spec.fp32_tflops * 1e12 / 2
     exp2_per_s = fp32_instr_per_s * MUFU_PER_SM_CYCLE / FP32_PER_SM_CYCLE
     flops = 4 * D
-    ops = softmax_fp32_ops(D, BLOCK_N)
+    ops = softmax_fp32_ops(D, BLOCK_N, pinned)
     t_mma = flops / (spec.fp16_tensor_tflops * 1e12) * 1e12
     t_exp2 = 1 / exp2_per_s * 1e12
     t_fp32 = sum(ops.values()) / fp32_instr_per_s * 1e12
@@ -197,9 +204,11 @@ def score_costs(D: int, gpu: str | GPUSpec = "H100-SXM", BLOCK_N: int = 128) -> 
             "overlapped_tflops": min(spec.fp16_tensor_tflops, flops / t_soft)}
 
 
-def plot_ceiling(head_dims=(64, 128, 256), gpu: str = "H100-SXM", measured: dict | None = None):
+def plot_ceiling(head_dims=(64, 128, 256), gpu: str = "H100-SXM", measured: dict | None = None,
+                 pinned: bool = False):
     """Per head dim: MMA and softmax time per score (left), the two ceilings in TFLOP/s and,
-    if given, ``measured`` {D: {label: TFLOP/s}} (right)."""
+    if given, ``measured`` {D: {label: TFLOP/s}} (right); with ``pinned`` also the no-overlap
+    line of the pinned max's shorter softmax."""
     from matplotlib.figure import Figure
 
     costs = [score_costs(d, gpu) for d in head_dims]
@@ -216,11 +225,14 @@ def plot_ceiling(head_dims=(64, 128, 256), gpu: str = "H100-SXM", measured: dict
     ax1.set_xticks(list(x), [f"D = {d}" for d in head_dims])
     ax1.set_ylabel("picoseconds per score element (whole chip)")
     ax1.set_title("The two numbers")
-    ax1.legend(fontsize=8)
+    ax1.legend(fontsize=10)
     ax2.plot(list(x), [c["serial_tflops"] for c in costs], "o-", color="tab:gray",
              label="no overlap (MMA + softmax)")
     ax2.plot(list(x), [c["overlapped_tflops"] for c in costs], "s--", color="tab:purple",
              label="perfect overlap (max)")
+    if pinned:
+        ax2.plot(list(x), [score_costs(d, gpu, pinned=True)["serial_tflops"] for d in head_dims],
+                 "^:", color="tab:gray", label="no overlap, pinned max")
     ax2.axhline(costs[0]["peak_tflops"], color="k", lw=0.8, ls=":", label="dense fp16 peak")
     for label_i, (d_label, marker) in enumerate((("v2-hopper", "D"), ("sdpa-CUDNN_ATTENTION",
                                                                         "^"))):
@@ -233,9 +245,9 @@ def plot_ceiling(head_dims=(64, 128, 256), gpu: str = "H100-SXM", measured: dict
     ax2.set_ylabel("TFLOP/s")
     ax2.set_ylim(0, costs[0]["peak_tflops"] * 1.08)
     ax2.set_title("Ceilings of the model")
-    ax2.legend(fontsize=8)
+    ax2.legend(fontsize=10)
     fig.suptitle(f"{costs[0]['gpu']}: softmax against MMA per score element (BLOCK_N = "
-                 f"{costs[0]['BLOCK_N']})", fontsize=10)
+                 f"{costs[0]['BLOCK_N']})", fontsize=12)
     return fig
 
 
@@ -274,7 +286,7 @@ def tma_tile_demo(N: int = 20, D: int = 16, start: int = 16, BLOCK: int = 8) -> 
 
 
 # ---------------------------------------------------------------------------------------------
-# probe 1: the first H100 table, committed in course_lib/data/perf_notes.md
+# the first H100 measurement ("probe 1"), committed in course_lib/data/perf_notes.md
 # ---------------------------------------------------------------------------------------------
 
 _PROBE_COLUMNS = {"portable": "v2-portable", "hopper (TMA)": "v2-hopper",
@@ -362,19 +374,33 @@ def launch_config(impl: str, q, k, v, causal: bool, config, sm_scale: float | No
             **blocks, "num_warps": config.num_warps, "num_stages": config.num_stages}
     grid_ = grid(B, H, N_Q, config.kwargs["BLOCK_M"])  # the wrappers' grid, Q blocks on axis 0
     bucket = triton.next_power_of_2(max(N_Q, N_K))
-    if impl == "portable":
-        compiled = v2._flash_fwd_v2_kernel[grid_](
-            q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-            *o.stride()[:3], sm_scale * v2.LOG2E, H, H // H_KV, N_Q, N_K, bucket, **meta)
-    elif impl == "hopper":
-        descs = [hop._descriptor(t, 16) for t in (q, k, v, o)]
-        hop._set_block_shapes({**meta, **dict(zip(("desc_q", "desc_k", "desc_v", "desc_o"),
-                                                  descs))})
-        compiled = hop._flash_fwd_v2_hopper_kernel[grid_](
-            *descs, lse, sm_scale * v2.LOG2E, 1.0, H, H // H_KV, N_Q, N_K, bucket, **meta)
-    else:
+    if impl not in ("portable", "hopper"):
         raise ValueError(f"impl must be 'portable' or 'hopper', got {impl!r}")
+    with _interpreter_quiet():
+        if impl == "portable":
+            compiled = v2._flash_fwd_v2_kernel[grid_](
+                q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+                *o.stride()[:3], sm_scale * v2.LOG2E, H, H // H_KV, N_Q, N_K, bucket, **meta)
+        else:
+            descs = [hop._descriptor(t, 16) for t in (q, k, v, o)]
+            hop._set_block_shapes({**meta, **dict(zip(("desc_q", "desc_k", "desc_v", "desc_o"),
+                                                      descs))})
+            compiled = hop._flash_fwd_v2_hopper_kernel[grid_](
+                *descs, lse, sm_scale * v2.LOG2E, 1.0, H, H // H_KV, N_Q, N_K, bucket, **meta)
     return o, lse, (compiled if DEVICE == "cuda" else None)
+
+
+def _interpreter_quiet():
+    """NumPy's floating-point warnings off while the interpreter runs a kernel (a no-op on a
+    GPU). The interpreter computes every lane with NumPy, and the kernels compute values on
+    purpose that NumPy warns about: exp2 overflowing to inf where a pinned max is passed by more
+    than 16 (the program then reruns with the running max), log2(0) for rows that see no key."""
+    import contextlib
+
+    import numpy as np
+
+    return (np.errstate(divide="ignore", invalid="ignore", over="ignore") if INTERPRET
+            else contextlib.nullcontext())
 
 
 def count_instructions(sass: str, opcode: str) -> int:
@@ -506,10 +532,10 @@ def ideas_rows(data: dict | None = None, D: int = 64, N: int = 4096) -> list[dic
     return rows
 
 
-# ----------------------------------------------------------------------------- session 4
+# -------------------------------------------------------- paired measurements: tile shapes and more
 HOPPER_TILES = HOPPER_IDEAS.with_name("hopper_tiles.json")
 
-# Each idea of the fourth round against its baseline in the same run (hopper_tiles.json).
+# Each idea against its baseline in the same paired rounds (hopper_tiles.json).
 TILE_IDEAS = [
     # (idea, run, D, variant with the idea, the same without it)
     ("64 x 64 tiles at D 128 (two programs per SM)", "exp8", 128, "64x64w4s3", "128x128w8s3"),
@@ -530,7 +556,7 @@ TILE_IDEAS = [
 
 
 def load_tiles(path: Path = HOPPER_TILES) -> dict:
-    """The stored paired measurements of session 4 (see ``tile_idea_rows``)."""
+    """The stored paired measurements of tile shapes and launch orders (``tile_idea_rows``)."""
     return _load_json(path)
 
 
@@ -556,7 +582,7 @@ def tile_idea_rows(data: dict | None = None) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------
-# session 5: row sums on the tensor cores, and the power cap
+# row sums on the tensor cores, and the power cap
 # ---------------------------------------------------------------------------------------------
 
 HOPPER_ROWSUM = HOPPER_IDEAS.with_name("hopper_rowsum.json")
@@ -598,7 +624,7 @@ def clock_rows(data: dict | None = None) -> list[dict]:
     return rows
 
 
-# --------------------------------------------------------------------------- session 6: pinned max
+# ----------------------------------------------------------------------------------- the pinned max
 HOPPER_PINNED = HOPPER_IDEAS.with_name("hopper_pinned.json")
 
 PINNED_IDEAS = [
@@ -616,7 +642,8 @@ PINNED_IDEAS = [
 
 
 def load_pinned() -> dict:
-    """Session 6's stored measurements (``hopper_pinned.json``)."""
+    """The pinned max's stored measurements: paired runs, clock stamps, the loop with parts of
+    the softmax taken out (``hopper_pinned.json``)."""
     return _load_json(HOPPER_PINNED)
 
 
@@ -633,6 +660,36 @@ def pinned_rows(data: dict | None = None, spike: bool = False) -> list[dict]:
                          "with / FA2": v[with_]["ratio"], "without / FA2": v[without]["ratio"],
                          "with / without": v[with_]["ratio"] / v[without]["ratio"],
                          "TFLOP/s with": v[with_]["tflops"]})
+    return rows
+
+
+def kept_label(D: int) -> str:
+    """The name ``hopper_pinned.json`` gives the config the kernel keeps at head dim ``D``
+    (``flash_v2_hopper._HOPPER_KEEP``), e.g. "128x64w4s3 pinned"."""
+    from course_lib.kernels import flash_v2_hopper as hop
+
+    bm, bn, warps, stages, q_regs, rowsum, pinned = hop._HOPPER_KEEP[hop._head_dim_class(D)][0]
+    return (f"{bm}x{bn}w{warps}s{stages}" + (" l-MMA" if rowsum else "")
+            + ("" if q_regs else " Qsmem") + (" pinned" if pinned else ""))
+
+
+def kept_vs_best_rows(data: dict | None = None) -> list[dict]:
+    """Per shape of the pinned max's paired runs: the kept config's ratio to SDPA FLASH against
+    the best other config timed in the same rounds (the worst-case rows left out)."""
+    data = load_pinned() if data is None else data
+    rows = []
+    for run in ("pinned", "pinned_d256"):
+        for r in data["runs"][run]["paired"]:
+            if r.get("spike", False):
+                continue
+            v, kept = r["variants"], kept_label(r["D"])
+            others = {k: x["ratio"] for k, x in v.items()
+                      if k not in ("CUDNN", "flash_attn_v2", kept)}
+            best = max(others, key=others.get)
+            rows.append({"D": r["D"], "causal": r["causal"], "N": r["N"], "kept": kept,
+                         "kept / FA2": v[kept]["ratio"], "best other": best,
+                         "best other / FA2": others[best],
+                         "kept / best other": v[kept]["ratio"] / others[best]})
     return rows
 
 
@@ -692,7 +749,7 @@ def plot_block_timeline(data: dict | None = None):
     if not ex:
         return None
     mma = block_mma_cycles(128, 64, 64)  # the kernel of the excerpt
-    fig = Figure(figsize=(10, 2.6), layout="constrained")
+    fig = Figure(figsize=(10, 3.2), layout="constrained")
     ax = fig.subplots()
     colors = {"max": "tab:orange", "softmax": "tab:red", "wait": "0.85"}
     for row, blocks in enumerate(ex["programs"]):
@@ -710,7 +767,7 @@ def plot_block_timeline(data: dict | None = None):
                        Patch(color=colors["softmax"], label="exp2, row sums (P ready)"),
                        Patch(color=colors["wait"], label="P @ V, next QK^T, waiting"),
                        Patch(color="tab:green", label=f"the block's MMA work ({mma:.0f} cycles)")],
-              fontsize=8, ncols=4, loc="upper center", bbox_to_anchor=(0.5, -0.35))
+              fontsize=10, ncols=2, loc="upper center", bbox_to_anchor=(0.5, -0.3))
     ax.set_title(f"Two programs on one SM, {ex['kernel']}: %clock64 stamps per key block",
-                 fontsize=10)
+                 fontsize=11)
     return fig

@@ -109,7 +109,7 @@ def draw_split_kv(L: int = 100, num_splits: int = 4, block_n: int = 16, seed: in
              title=f"L = {L} keys, BLOCK_N = {block_n}, {num_splits} splits"
                    + (f" ({empty} empty)" if empty else "") + ": bars = scores, lines = m_s")
     if num_splits <= 8:
-        ax_s.legend(fontsize=7, ncol=2, loc="lower right")
+        ax_s.legend(fontsize=10, ncol=2, loc="lower right")
 
     x = np.arange(num_splits)
     colors = [_COLORS[i % len(_COLORS)] for i in x]
@@ -126,7 +126,7 @@ def draw_split_kv(L: int = 100, num_splits: int = 4, block_n: int = 16, seed: in
     ax_wt.set(ylim=(0, 1.05), ylabel="weight")
     handles = ax_w.get_legend_handles_labels()
     more = ax_wt.get_legend_handles_labels()
-    ax_w.legend(handles[0] + more[0], handles[1] + more[1], fontsize=7, loc="upper right")
+    ax_w.legend(handles[0] + more[0], handles[1] + more[1], fontsize=10, loc="upper right")
 
     dims = np.arange(min(4, r.o.shape[1]))
     for i in x:
@@ -140,7 +140,7 @@ def draw_split_kv(L: int = 100, num_splits: int = 4, block_n: int = 16, seed: in
     err = below(np.abs(r.merged - r.reference).max(), 1e-12)  # fp64: zero up to rounding
     ax_o.set(xticks=dims, xticklabels=[f"o[{d}]" for d in dims], ylabel="value",
              title=f"partial outputs o_s (dot size = weight); |merged − reference| {err}")
-    ax_o.legend(fontsize=7, loc="lower right")
+    ax_o.legend(fontsize=10, loc="lower right")
     return fig
 
 
@@ -150,7 +150,8 @@ def split_kv_figure():
 
 
 def split_kv_widget(L: int = 100, num_splits: int = 4, block_n: int = 16, seed: int = 0):
-    """Sliders for L, the number of splits, BLOCK_N and the seed, redrawing ``draw_split_kv``.
+    """Sliders for L, the number of splits, BLOCK_N and the random seed; each change redraws
+    ``draw_split_kv``.
 
     Needs a widget frontend (JupyterLab, VS Code, Colab) to be interactive; elsewhere use
     ``split_kv_figure`` or ``draw_split_kv``, which draw the same pictures.

@@ -1,16 +1,19 @@
-"""The seed blog's block-by-block forward sketch, its departures from attention, and their fixes.
+"""Common pitfalls of a first block-by-block attention forward, measured and fixed.
 
-Introduced in notebooks/06_flash_v1_algorithm.ipynb. The blog (shared/seeds/001) explains
-FlashAttention v1's forward pass with a short torch loop: K/V blocks outside, Q blocks inside,
-running statistics m and l, the O update of Algorithm 1. The loop's idea is right; five details
+Introduced in notebooks/06_flash_v1_algorithm.ipynb. Algorithm 1 of the FlashAttention paper
+(Dao et al. 2022, https://arxiv.org/abs/2205.14135) is often first written as a short torch loop:
+K/V blocks outside, Q blocks inside, running statistics m and l, the O update of Algorithm 1.
+``first_try`` is such a loop, the course's own, with five mistakes that circulate in
+explanations of it. The loop's structure and its update formulas are right; the five details
 are not, and each one changes the numbers:
 
 =========  ==================================================  ===================================
-name       the sketch                                          the fix (as ``course_lib.reference``)
+name       the pitfall                                         the fix (as ``course_lib.reference``)
 =========  ==================================================  ===================================
 scale      S = Q_i K_jᵀ, no 1/√d                                S = sm_scale · Q_i K_jᵀ
-mask       ``S.ge(0.5)`` filled with 0: it clips large          the causal mask, filled with −inf
-           scores to 0 and hides no key at all
+mask       ``S.ge(0.5)`` filled with 0: a test on the score's   the causal mask, filled with −inf
+           value, not its position; it clips large scores
+           to 0 and hides no key at all
 tail       T_r = N_q // B_r, T_c = N_k // B_c: a last partial   ⌈N/B⌉ blocks
            block is never visited
 dropout    ``nn.Dropout`` on P̃_ij·V_j (B_r × d): drops output    the keep-mask on P̃_ij (B_r × B_c),
@@ -20,8 +23,10 @@ init       m starts at −1e10, l̃ gets +1e-10, masks use the       m = −∞,
            V (or gives NaN with a −∞ mask)
 =========  ==================================================  ===================================
 
-``sketch_forward(..., fixes=...)`` runs the sketch with any subset of the fixes; with all of them
-it equals ``reference.attention``. ``departures`` measures each detail alone.
+``first_try`` is the loop with all five, as a reader would write it. ``sketch_forward(...,
+fixes=...)`` is the same loop with any subset of the fixes switched on; with none it is
+``first_try``, with all of them it equals ``reference.attention``. ``departures`` measures each
+pitfall alone.
 """
 from __future__ import annotations
 
@@ -32,17 +37,50 @@ import torch
 from course_lib.reference import attention, causal_mask, dropout_mask
 from course_lib.testing import below
 
-NEG_INF = -1e10     # the sketch's "-infinity"
-EPSILON = 1e-10     # the sketch's guard added to every block's row sum
+NEG_INF = -1e10     # the first try's "-infinity"
+EPSILON = 1e-10     # the first try's guard added to every block's row sum
 FIXES = ("scale", "mask", "tail", "dropout", "init")
+
+
+def first_try(Q, K, V, B_r, B_c, dropout_p=0.0, generator=None):
+    """A first block-by-block forward on (1, 1, N, d) tensors: Algorithm 1's loop, five pitfalls.
+
+    Each pitfall is marked with its name in ``FIXES``; ``sketch_forward`` switches them off.
+    """
+    N_q, N_k = Q.shape[2], K.shape[2]
+    T_r, T_c = N_q // B_r, N_k // B_c                    # pitfall "tail": rounds down
+    O = torch.zeros_like(Q)
+    l = torch.zeros_like(Q[..., :1])                     # (1, 1, N_q, 1)
+    m = torch.full_like(Q[..., :1], NEG_INF)             # pitfall "init": a finite "-inf"
+    for j in range(T_c):
+        Kj, Vj = K[:, :, j * B_c:(j + 1) * B_c], V[:, :, j * B_c:(j + 1) * B_c]
+        for i in range(T_r):
+            r = slice(i * B_r, (i + 1) * B_r)
+            Qi, Oi, li, mi = Q[:, :, r], O[:, :, r], l[:, :, r], m[:, :, r]
+            S = Qi @ Kj.transpose(-1, -2)                # pitfall "scale": no 1/sqrt(d)
+            S = S.masked_fill(S.ge(0.5), 0)              # pitfall "mask": a test on values
+            m_block = S.amax(dim=-1, keepdim=True)
+            P = torch.exp(S - m_block)
+            l_block = P.sum(dim=-1, keepdim=True) + EPSILON   # pitfall "init": an epsilon
+            PV = P @ Vj                                  # (1, 1, B_r, d)
+            if dropout_p > 0:                            # pitfall "dropout": nn.Dropout on P·V
+                keep = torch.rand(PV.shape, generator=generator, dtype=PV.dtype) >= dropout_p
+                PV = PV * keep / (1 - dropout_p)
+            m_new = torch.maximum(m_block, mi)
+            alpha, beta = torch.exp(mi - m_new), torch.exp(m_block - m_new)
+            l_new = alpha * li + beta * l_block
+            O[:, :, r] = (li * alpha * Oi + beta * PV) / l_new
+            l[:, :, r], m[:, :, r] = l_new, m_new
+    return O
 
 
 def sketch_forward(Q, K, V, q_block, kv_block, fixes=(), causal=False, dropout_p=0.0,
                    dropout_seed=None):
-    """The sketch's loop on (1, 1, N, d) tensors (fp64 inside), with ``fixes`` applied.
+    """``first_try``'s loop on (1, 1, N, d) tensors (fp64 inside), with ``fixes`` applied.
 
-    Without fixes it behaves as the blog's code; ``causal`` and dropout are what the reference
-    is asked to compute (the sketch as written cannot express either correctly).
+    Without fixes it computes what ``first_try`` computes (dropout drawn from a generator seeded
+    with ``dropout_seed``); ``causal`` and dropout are what the reference is asked to compute
+    (the first try cannot express either correctly).
     """
     fixes = set(fixes)
     if fixes - set(FIXES):
@@ -74,7 +112,7 @@ def sketch_forward(Q, K, V, q_block, kv_block, fixes=(), causal=False, dropout_p
             if "scale" in fixes:
                 S = S * d ** -0.5
             if "mask" not in fixes:
-                S = S.masked_fill(S.ge(0.5), 0)                      # the blog's "mask"
+                S = S.masked_fill(S.ge(0.5), 0)                      # the first try's "mask"
             elif causal:
                 S = S.masked_fill(~visible[r, c], sentinel)
             m_block = S.amax(dim=-1, keepdim=True)
@@ -97,8 +135,9 @@ def sketch_forward(Q, K, V, q_block, kv_block, fixes=(), causal=False, dropout_p
 
 
 def departures(N_q=11, N_k=8, d=16, q_block=4, kv_block=3, dropout_p=0.2, seed=0) -> dict:
-    """Max |O − reference| of the sketch as written, with each single detail left unfixed, and
-    with all fixed. The problem is causal with dropout and N_q > N_k (rows that see no key).
+    """Max |O − reference| of the first try (all five pitfalls), with each single pitfall left
+    unfixed, and with all fixed. The problem is causal with dropout and N_q > N_k (rows that
+    see no key).
 
     Returns {label: max abs error} (``nan`` where the output has NaN).
     """
@@ -111,7 +150,7 @@ def departures(N_q=11, N_k=8, d=16, q_block=4, kv_block=3, dropout_p=0.2, seed=0
     def err(fixes):
         return (sketch_forward(q, k, v, q_block, kv_block, fixes, **kw) - ref).abs().max().item()
 
-    out = {"as written": err(())}
+    out = {"first try": err(())}
     for name in FIXES:
         out[f"all fixed but {name}"] = err(set(FIXES) - {name})
     out["all fixed"] = err(FIXES)
@@ -143,15 +182,15 @@ def departures_figure(errs=None):
     for y, v in enumerate(vals):
         text = ("NaN" if not math.isfinite(v) else
                 f"{v:#.2g}" if v >= ROUNDING else f"{below(v, ROUNDING)} (rounding)")
-        ax.text(shown[y] * 1.3, y, text, va="center", fontsize=8)
+        ax.text(shown[y] * 1.3, y, text, va="center", fontsize=10)
     ax.set_yticks(range(len(labels)), labels)
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlim(floor, top * 100)
-    ax.set(xlabel="max |O_sketch − O_reference|  (fp64, causal, dropout, N_q > N_k)",
-           title="The block-by-block sketch: what each detail costs")
+    ax.set(xlabel="max |O − O_reference|  (fp64, causal, dropout, N_q > N_k)",
+           title="A first block loop: what each pitfall costs")
     return fig
 
 
-FIGURES = {"06_seed_sketch_error": departures_figure}
+FIGURES = {"06_sketch_pitfalls": departures_figure}
 """The figures this module draws: image stem (images/<stem>.png) -> a function returning it."""

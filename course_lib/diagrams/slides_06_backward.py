@@ -1,0 +1,170 @@
+"""Slide figures of deck 06 (the backward pass): traffic, measured memory, measured speed.
+
+Drawn for slides/06_backward.md at slide size (``slides_style``) from the same code and data as
+notebooks/10_backward.ipynb: ``iomodel.backward.theorem5_io`` (Algorithm 3 against Algorithm 4),
+and the H100 measurements course_lib/data/memory.json and attention_bwd.json.
+"""
+from __future__ import annotations
+
+from course_lib.diagrams.slides_style import (
+    C_HBM,
+    C_MAX,
+    C_NEW,
+    C_OLD,
+    C_SUM,
+    GREY,
+    LABEL_PT,
+    MIN_PT,
+    TITLE_PT,
+    arrow,
+    blank,
+    box,
+    legend,
+    slide_figure,
+    style_axes,
+)
+
+
+def matmul_counts() -> dict:
+    """``tl.dot`` calls in the inner loops of the course's backward kernels, counted in their
+    source (course_lib/kernels/flash_bwd.py): the dK/dV loop and the dQ loop."""
+    import inspect
+
+    from course_lib.kernels import flash_bwd
+
+    def dots(fn):
+        return inspect.getsource(getattr(fn, "fn", fn)).count("tl.dot(")
+
+    dkdv, dq = dots(flash_bwd._bwd_dkdv_inner), dots(flash_bwd._bwd_dq_inner)
+    return {"dkdv": dkdv, "dq": dq, "total": dkdv + dq}
+
+
+def dataflow():
+    """The course's backward as three kernels: what each program keeps on chip, what it
+    recomputes, and its matmuls (counted in the kernels' source)."""
+    n = matmul_counts()
+    fig = slide_figure(1160, 400)
+    ax = fig.subplots()
+    blank(ax, (0, 11.6), (0, 4.0))
+    cols = [(0.05, 3.1, "1 · preprocess", "a program per row block",
+             ["delta = rowsum(dO ∘ O)", "lse₂ = lse · log₂e"], "0 matmuls", "0.92"),
+            (3.3, 4.0, "2 · dK, dV", "a program per key block K_j, V_j",
+             ["Pᵀ = 2^(K_j Q_iᵀ·c − lse₂)", "dPᵀ = V_j dO_iᵀ", "dV_j += Pᵀ dO_i",
+              "dK_j += τ dSᵀ Q_i"], f"{n['dkdv']} matmuls", "#d6eaf8"),
+            (7.45, 4.1, "3 · dQ", "a program per row block Q_i",
+             ["P = 2^(Q_i K_jᵀ·c − lse₂)", "dP = dO_i V_jᵀ", "dQ_i += τ dS K_j"],
+             f"{n['dq']} matmuls", "#fdebd0")]
+    for x, w, title, who, lines, count, color in cols:
+        box(ax, x, 0.75, w, 3.2, "", color=color)
+        ax.text(x + 0.15, 3.6, title, fontsize=TITLE_PT, weight="bold", va="center")
+        ax.text(x + 0.15, 3.15, who, fontsize=MIN_PT, color="0.3", va="center")
+        for i, line in enumerate(lines):
+            ax.text(x + 0.15, 2.6 - 0.42 * i, line, fontsize=LABEL_PT, va="center")
+        ax.text(x + 0.15, 0.95, count, fontsize=LABEL_PT, weight="bold", va="center",
+                color=C_MAX if count[0] != "0" else "0.3")
+    arrow(ax, (1.55, 0.75), (1.55, 0.35), color=C_SUM)
+    ax.plot([1.55, 9.5], [0.35, 0.35], color=C_SUM, lw=2)
+    for x in (5.2, 9.5):
+        arrow(ax, (x, 0.35), (x, 0.75), color=C_SUM)
+    ax.text(3.0, 0.12, "delta, lse₂: one fp32 number per row, through HBM", fontsize=MIN_PT,
+            color=C_SUM, va="center")
+    return fig
+
+
+def backward_io(d: int = 64, M: int = 98_304, seq_lens=(256, 1024, 4096, 16384)):
+    """HBM elements of one head's backward against N: the standard backward (Algorithm 3) and
+    FlashAttention's (Algorithm 4) with the paper's blocks for an A100's SRAM."""
+    from course_lib.iomodel.backward import theorem5_io
+
+    rows = [theorem5_io(n, d, M) for n in seq_lens]
+    fig = slide_figure(560, 400)
+    ax = fig.subplots()
+    ax.loglog(seq_lens, [r["standard"]["elements"] for r in rows], "s-", color=C_MAX, lw=3,
+              ms=9, label="standard: Θ(Nd + N²)")
+    ax.loglog(seq_lens, [r["elements"] for r in rows], "o-", color=C_OLD, lw=3, ms=9,
+              label="Algorithm 4")
+    ax.loglog(seq_lens, [20 * r["n2d2_over_M"] for r in rows], ":", color=C_OLD, lw=3,
+              label="20·N²d²/M")
+    ax.set_xticks(list(seq_lens), [f"{n // 1024}k" if n >= 1024 else str(n) for n in seq_lens])
+    ax.minorticks_off()
+    ax.set(xlabel="sequence N", ylabel="HBM elements, one head")
+    style_axes(ax)
+    legend(ax, loc="upper left")
+    return fig
+
+
+_MEM = {"sdpa-MATH": ("SDPA MATH (keeps P)", C_MAX, "s"),
+        "sdpa-FLASH_ATTENTION": ("SDPA FlashAttention-2", C_OLD, "^"),
+        "flash_attn_v2": ("course flash_attn_v2", C_NEW, "o")}
+
+
+def memory():
+    """Peak memory of forward + backward above the inputs against N (course_lib/data/
+    memory.json, H100): SDPA MATH keeps P and grows as N²; the fused kernels grow as N."""
+    from course_lib.bench.common import load_result
+
+    result = load_result("memory")
+    if result is None:
+        return None
+    mib = 2**20
+    fig = slide_figure(620, 420)
+    ax = fig.subplots()
+    for p, (label, color, marker) in _MEM.items():
+        pts = [(r["N"], r["results"][p]["peak_bytes"] / mib) for r in result["rows"]
+               if r["results"].get(p)]
+        if pts:
+            ax.plot(*zip(*pts), marker=marker, color=color, lw=3, ms=9, label=label)
+    ns = [r["N"] for r in result["rows"]]
+    ax.plot(ns, [r["p_bytes"] / mib for r in result["rows"]], ":", color=GREY, lw=3,
+            label="one N × N matrix P")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(ns, [f"{n // 1024}k" if n >= 1024 else str(n) for n in ns])
+    ax.minorticks_off()
+    ax.set(xlabel="sequence N", ylabel="peak MiB above the inputs")
+    style_axes(ax)
+    legend(ax, loc="upper left")
+    return fig
+
+
+_SPEED = {"v2-portable": ("course v2", C_NEW, "o", "-"),
+          "sdpa-CUDNN_ATTENTION": ("cuDNN", C_HBM, "s", "--"),
+          "sdpa-FLASH_ATTENTION": ("FlashAttention-2 (SDPA)", C_OLD, "^", "--")}
+
+
+def backward_speed(D: int = 128, causal: bool = True):
+    """Measured backward TFLOP/s (FLOPs = 2.5 × the forward's) against N (course_lib/data/
+    attention_bwd.json, H100, every provider called eagerly)."""
+    from course_lib.bench.common import load_result
+
+    result = load_result("attention_bwd")
+    if result is None:
+        return None
+    rows = sorted((r for r in result["rows"] if r["D"] == D and r["causal"] == causal),
+                  key=lambda r: r["N"])
+    fig = slide_figure(1160, 360)
+    ax = fig.subplots()
+    for name, (label, color, marker, ls) in _SPEED.items():
+        pts = [(r["N"], r["results"].get(name, {}).get("tflops")) for r in rows]
+        pts = [(n, t) for n, t in pts if t]
+        if pts:
+            ax.plot(*zip(*pts), marker=marker, ls=ls, color=color, lw=3, ms=9, label=label)
+            ax.text(pts[-1][0] * 1.08, pts[-1][1], f"{pts[-1][1]:.0f}", va="center",
+                    fontsize=MIN_PT, color=color)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([r["N"] for r in rows], [f"{r['N'] // 1024}k" for r in rows])
+    ax.minorticks_off()
+    ax.set(xlabel="sequence N", ylabel="TFLOP/s", ylim=(0, 600),
+           xlim=(rows[0]["N"] / 1.2, rows[-1]["N"] * 1.5),
+           title=f"backward, D = {D}, {'causal' if causal else 'non-causal'}")
+    style_axes(ax)
+    legend(ax, loc="lower right")
+    return fig
+
+
+FIGURES = {
+    "slides_06_dataflow": dataflow,
+    "slides_06_backward_io": backward_io,
+    "slides_06_memory": memory,
+    "slides_06_backward_speed": backward_speed,
+}

@@ -61,7 +61,7 @@ import torch
 
 from course_lib._device import DEVICE
 from course_lib.kernels.decode import flash_decode
-from course_lib.kernels.flash_v2 import flash_attn_v2
+from course_lib.ops import flash_attn_v2
 
 try:
     from transformers import AttentionInterface, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM

@@ -557,3 +557,50 @@ def waste_figure(workload: Workload = Workload(), capacity_tokens: int = 1 << 16
 
 #: Figures of this module: image name -> function returning a matplotlib Figure.
 FIGURES = {"13_kv_cache_waste": waste_figure}
+
+
+# --------------------------------------------------------------------------------------------
+# Paged and contiguous layouts of a cache (tests, benchmarks, lesson 13)
+# --------------------------------------------------------------------------------------------
+
+def pages_to_contiguous(k_pages, block_table, cache_seqlens, n_max=None):
+    """Gather a paged cache into the contiguous (B, H_kv, N_max, D) layout (zeros past L_b)."""
+    num_blocks, block_size, H_kv, D = k_pages.shape
+    B = block_table.shape[0]
+    lens = cache_seqlens.tolist()
+    n_max = max(lens) if n_max is None else n_max
+    out = torch.zeros((B, H_kv, max(n_max, 1), D), dtype=k_pages.dtype, device=k_pages.device)
+    for b, n in enumerate(lens):
+        if n == 0:
+            continue
+        nb = math.ceil(n / block_size)
+        blocks = k_pages[block_table[b, :nb].long()]  # (nb, block_size, H_kv, D)
+        out[b, :, :n] = blocks.reshape(nb * block_size, H_kv, D)[:n].transpose(0, 1)
+    return out
+
+
+def contiguous_to_pages(k_cache, cache_seqlens=None, block_size=16, num_blocks=None,
+                        generator=None):
+    """Scatter a contiguous cache into pages in a random physical order.
+
+    Returns (k_pages, block_table): k_pages (num_blocks, block_size, H_kv, D), block_table
+    (B, max_blocks) int32 with every logical block of every sequence on its own physical block
+    (a random permutation, so neighbouring logical blocks are far apart in memory).
+    """
+    B, H_kv, N_max, D = k_cache.shape
+    max_blocks = math.ceil(N_max / block_size)
+    needed = B * max_blocks
+    num_blocks = needed if num_blocks is None else num_blocks
+    if num_blocks < needed:
+        raise ValueError(f"num_blocks={num_blocks} < {needed} blocks needed")
+    perm = torch.randperm(num_blocks, generator=generator)[:needed]
+    block_table = perm.view(B, max_blocks).to(torch.int32)
+    padded = torch.zeros((B, H_kv, max_blocks * block_size, D), dtype=k_cache.dtype,
+                         device=k_cache.device)
+    padded[:, :, :N_max] = k_cache
+    pages = torch.zeros((num_blocks, block_size, H_kv, D), dtype=k_cache.dtype,
+                        device=k_cache.device)
+    # (B, H_kv, max_blocks, block_size, D) -> (B·max_blocks, block_size, H_kv, D)
+    src = padded.view(B, H_kv, max_blocks, block_size, D).permute(0, 2, 3, 1, 4)
+    pages[perm.to(k_cache.device)] = src.reshape(needed, block_size, H_kv, D)
+    return pages, block_table.to(k_cache.device)

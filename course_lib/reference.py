@@ -20,7 +20,10 @@ import math
 
 import torch
 
-from course_lib.iomodel.attention import block_is_visible  # plain arithmetic, no torch
+
+def block_is_visible(r0, r1, c0, N_q, N_k) -> bool:
+    """Whether any query row in [r0, r1) sees any key at column >= c0 (bottom-right causal)."""
+    return c0 <= (r1 - 1) + (N_k - N_q)
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -348,3 +351,19 @@ def flash_v2_reference(q, k, v, block_m, block_n, causal=False, dropout_p=0.0, d
         _store(hbm, "O", O[:, :, r0:r1], acc * _safe_inv(l_i)[..., None])  # the one division
         _store(hbm, "lse", lse[:, :, r0:r1], m_i + torch.log(l_i))
     return (O, lse) if return_lse else O
+
+
+def decode_reference(q, k_cache, v_cache, cache_seqlens=None, sm_scale=None, return_lse=False):
+    """The decode reference: ``attention`` per sequence on its first L_b keys, causal
+    (bottom-right: the N_q new queries are the last positions). q (B, H, N_q, D), caches
+    (B, H_kv, N_max, D), ``cache_seqlens`` (B,) or None (every key)."""
+    B, H, N_q, D = q.shape
+    lens = [k_cache.shape[2]] * B if cache_seqlens is None else cache_seqlens.tolist()
+    outs, lses = [], []
+    for b, n in enumerate(lens):
+        o, lse = attention(q[b:b + 1], k_cache[b:b + 1, :, :n], v_cache[b:b + 1, :, :n],
+                           causal=True, sm_scale=sm_scale, return_lse=True)
+        outs.append(o)
+        lses.append(lse)
+    o, lse = torch.cat(outs), torch.cat(lses)
+    return (o, lse) if return_lse else o

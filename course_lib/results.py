@@ -36,16 +36,22 @@ END = "<!-- end of measured -->"
 @dataclass(frozen=True)
 class Fact:
     text: str                 # exactly as quoted (EN and ZH decks alike)
-    where: tuple[str, ...]    # deck stems; "nb:<notebook stem>"; "README"
+    where: tuple[str, ...]    # deck stems; "nb:<notebook stem>"; "README"; "src:<file>"
     source: str               # where the number comes from
 
     @property
     def decks(self) -> tuple[str, ...]:
-        return tuple(w for w in self.where if not w.startswith("nb:") and w != "README")
+        return tuple(w for w in self.where
+                     if not w.startswith(("nb:", "src:")) and w != "README")
 
     @property
     def notebooks(self) -> tuple[str, ...]:
         return tuple(w[3:] for w in self.where if w.startswith("nb:"))
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """Repository files (a kernel's docstring) that quote it: "src:<path>"."""
+        return tuple(w[4:] for w in self.where if w.startswith("src:"))
 
 
 def _perf_notes_ceiling(pattern: str) -> str:
@@ -108,16 +114,8 @@ def facts() -> dict[str, Fact]:
 
     from course_lib import hardware, kvcache, roofline, softmax_cost
     from course_lib import softmax as sm
-    from course_lib.bench.common import load_result
-    from course_lib.bench.hopper import gain_rows
-    from course_lib.iomodel import attention as att
-    from course_lib.iomodel import backward as bwd
-    from course_lib.iomodel import decode as dec_io
-    from course_lib.iomodel import matmul_global_reads, matmul_hbm_bytes
-    from course_lib.iomodel.matmul import largest_square_tile
-    from course_lib.kernels import flash_v1
-    from course_lib.kernels.flash_v2_plan import kv_reuse, normalisation_ops
-    from course_lib.kernels.hopper_plan import (
+    from course_lib.analysis.flash_v2 import kv_reuse, normalisation_ops
+    from course_lib.analysis.hopper import (
         clock_rows,
         ideas_rows,
         impl_gain_rows,
@@ -130,6 +128,14 @@ def facts() -> dict[str, Fact]:
         tile_idea_rows,
         timeline_rows,
     )
+    from course_lib.bench.common import load_result
+    from course_lib.bench.hopper import gain_rows
+    from course_lib.iomodel import attention as att
+    from course_lib.iomodel import backward as bwd
+    from course_lib.iomodel import decode as dec_io
+    from course_lib.iomodel import matmul_global_reads, matmul_hbm_bytes
+    from course_lib.iomodel.matmul import largest_square_tile
+    from course_lib.kernels import flash_v1
     from course_lib.kernels.matmul import panels_touched
 
     f: dict[str, Fact] = {}
@@ -247,9 +253,9 @@ def facts() -> dict[str, Fact]:
         "05_triton_flash", "flash_v1_io(kernel_bookkeeping): T_c at the Figure 2 shape")
     old = kv_reuse(64, 16, 16, 1024, 1024, 64, 128, order="heads_fastest")
     add("heads_fastest_gap", old["programs_between"], "05_triton_flash",
-        "flash_v2_plan.kv_reuse, heads fastest")
+        "analysis.flash_v2.kv_reuse, heads fastest")
     add("heads_fastest_mib", f"{old['kv_bytes_between'] / 2**20:.0f} MiB", "05_triton_flash",
-        "flash_v2_plan.kv_reuse, heads fastest")
+        "analysis.flash_v2.kv_reuse, heads fastest")
     add("probe1_v2_gb", _perf_notes_ceiling(r"v2 portable, grid \(B·H, N/BLOCK_M\) \| ([\d.]+)"),
         "05_triton_flash", "data/perf_notes.md, HBM measurement 1")
     add("probe1_v2_x_min",
@@ -257,7 +263,7 @@ def facts() -> dict[str, Fact]:
         "nb:08_triton_flash_v2", "perf_notes HBM measurement 1 / figure2_prediction minimum")
     ops = normalisation_ops(16384, 128, 64, 128)
     add("deferred_saved_per_score", f"{sum(ops['saved'].values()) / (128 * 16384):.1f}",
-        "05_triton_flash", "flash_v2_plan.normalisation_ops")
+        "05_triton_flash", "analysis.flash_v2.normalisation_ops")
     fwd = load_result("attention_fwd")
     for key, (D, causal, N, prov) in {
             "fwd_128_16k_hopper": (128, False, 16384, "v2-hopper"),
@@ -282,15 +288,15 @@ def facts() -> dict[str, Fact]:
                       ("pinned_gain_128", "pinned max + l on MMA, 64 x 64 (D 128)")):
         med = statistics.median(r["with / without"] for r in pinned if r["idea"] == idea)
         add(key, f"+{med - 1:.0%}", "05_triton_flash nb:09_hopper",
-            f"hopper_plan.pinned_rows: {idea}, median")
+            f"analysis.hopper.pinned_rows: {idea}, median")
     worst = [r["with / without"] for r in pinned_rows(spike=True)]
     add("pinned_worst", f"{min(worst):.2f}", "05_triton_flash",
-        "hopper_plan.pinned_rows(spike=True): every program reruns, lowest")
+        "analysis.hopper.pinned_rows(spike=True): every program reruns, lowest")
     costs = {d: score_costs(d) for d in (64, 128)}
     add("ceiling_64", f"{costs[64]['serial_tflops']:.0f}", "05_triton_flash",
-        "hopper_plan.score_costs(64): no overlap")
+        "analysis.hopper.score_costs(64): no overlap")
     add("ceiling_128", f"{costs[128]['serial_tflops']:.0f}", "05_triton_flash",
-        "hopper_plan.score_costs(128): no overlap")
+        "analysis.hopper.score_costs(128): no overlap")
     probe = {(r["D"], r["causal"], r["N"]): r["results"] for r in load_probe()["rows"]}
     p = probe[(128, False, 16384)]
     add("probe1_128_portable", f"{p['v2-portable']['tflops']:.1f}", "05_triton_flash",
@@ -313,11 +319,11 @@ def facts() -> dict[str, Fact]:
     small = [r["with / without"] for r in tile_rows
              if r["idea"].startswith("64 x 64 tiles at D 128") and r["N"] <= 8192]
     add("h09_tiles_128", _pct_span([g - 1 for g in small]), nb09,
-        "hopper_plan.tile_idea_rows: 64x64 / 128x128 at D 128, N <= 8k, - 1")
+        "analysis.hopper.tile_idea_rows: 64x64 / 128x128 at D 128, N <= 8k, - 1")
     causal64 = [r["with / without"] for r in tile_rows
                 if r["idea"].startswith("D 64: 64 x 64") and r["causal"]]
     add("h09_tiles_64_causal", _pct_span([1 / g - 1 for g in causal64]), nb09,
-        "hopper_plan.tile_idea_rows: 128x64 / 64x64 at D 64 causal, - 1")
+        "analysis.hopper.tile_idea_rows: 128x64 / 64x64 at D 64 causal, - 1")
     for key, idea, sign in (
             ("h09_packed_exp2_64", "packed fp16 exp2, ex2.approx.f16x2 (D 64)", -1),
             ("h09_persistent", "persistent kernel, 2 programs per SM (D 64)", -1),
@@ -327,13 +333,13 @@ def facts() -> dict[str, Fact]:
             ("h09_masked_first", "causal masked blocks first (D 64)", 0)):
         text = _pct_span([sign * (g - 1) if sign else g - 1 for g in tiles[idea]],
                          signed=not sign)
-        add(key, text, nb09, f"hopper_plan.tile_idea_rows: {idea}, with / without - 1"
+        add(key, text, nb09, f"analysis.hopper.tile_idea_rows: {idea}, with / without - 1"
             + (" (a loss)" if sign < 0 else ""))
     ideas = ideas_rows()
     for key, start in (("h09_soft_exp2", "software exp2"), ("h09_lazy_rescale", "lazy"),
                        ("h09_next_qk_first", "next block's QK")):
         add(key, _pct_span([1 - r["ratio"] for r in ideas if r["idea"].startswith(start)]),
-            nb09, f"hopper_plan.ideas_rows: {start}..., 1 - best with / best without")
+            nb09, f"analysis.hopper.ideas_rows: {start}..., 1 - best with / best without")
     probe_gain = [r["hopper/portable"] - 1 for r in impl_gain_rows(load_probe())
                   if r["D"] == 128 and not r["causal"]]
     add("h09_tma_128", _pct_span(probe_gain, signed=True), nb09,
@@ -353,7 +359,7 @@ def facts() -> dict[str, Fact]:
     add("h09_probe1_of_serial_64",
         f"{probe[(64, False, 16384)]['v2-hopper']['tflops'] / costs[64]['serial_tflops']:.0%}",
         "05_triton_flash nb:09_hopper",
-        "probe 1, D 64, N 16k, v2-hopper / hopper_plan.score_costs(64) no overlap")
+        "probe 1, D 64, N 16k, v2-hopper / analysis.hopper.score_costs(64) no overlap")
     e16_error = _perf_notes_ceiling(r"error ([\d.]+)× SDPA's at D 128 causal")
     add("h09_e16_error", f"{e16_error}× SDPA's", nb09,
         "data/perf_notes.md, session 4: packed fp16 exp2, error at D 128 causal")
@@ -365,11 +371,12 @@ def facts() -> dict[str, Fact]:
         rs.setdefault(r["idea"], []).append(r["with / without"])
     lmma = rs["l on MMA, 64 x 64 tiles (D 128)"]
     add("h09_rowsum_128", f"+{statistics.median(lmma) - 1:.0%} in the median over "
-        f"{len(lmma)} points", nb09, "hopper_plan.rowsum_rows: l on MMA, 64 x 64 (D 128)")
+        f"{len(lmma)} points", nb09, "analysis.hopper.rowsum_rows: l on MMA, 64 x 64 (D 128)")
     add("h09_rowsum_losses",
         f"lost about {1 - statistics.median(rs['l on MMA, 128 x 128 tiles (D 128)']):.0%}, "
         f"at D = 64 about {1 - statistics.median(rs['l on MMA, 128 x 64 tiles (D 64)']):.0%}",
-        nb09, "hopper_plan.rowsum_rows: l on MMA, 128 x 128 (D 128) and 128 x 64 (D 64), median")
+        nb09, "analysis.hopper.rowsum_rows: l on MMA, 128 x 128 (D 128) and 128 x 64 (D 64), "
+        "median")
     clocks = clock_rows()
     fa2_clk = {r["run"]: r for r in clocks if r["D"] == 128 and r["kernel"] == "FA2"}
     ours_clk = [r for r in clocks if r["D"] == 128 and "64x64" in r["kernel"]]
@@ -379,14 +386,14 @@ def facts() -> dict[str, Fact]:
         return f"{lo:.0f} to {hi:.0f} MHz"
 
     add("h09_clock_ours", mhz(ours_clk), nb09,
-        "hopper_plan.clock_rows: D 128, 64x64 configs, SM clock (nearest 10 MHz)")
+        "analysis.hopper.clock_rows: D 128, 64x64 configs, SM clock (nearest 10 MHz)")
     add("h09_clock_fa2", mhz(fa2_clk.values()), nb09,
-        "hopper_plan.clock_rows: D 128, FA2, SM clock (nearest 10 MHz)")
+        "analysis.hopper.clock_rows: D 128, FA2, SM clock (nearest 10 MHz)")
     add("h09_per_ghz", _span([r["TFLOP/s per GHz"] / fa2_clk[r["run"]]["TFLOP/s per GHz"]
                               for r in ours_clk], fmt="{:.1f}"), nb09,
-        "hopper_plan.clock_rows: D 128, 64x64 configs / FA2 of the same run, TFLOP/s per GHz")
+        "analysis.hopper.clock_rows: D 128, 64x64 configs / FA2 of the same run, TFLOP/s per GHz")
     add("h09_wall_clock", _span([r["TFLOP/s"] / fa2_clk[r["run"]]["TFLOP/s"] for r in ours_clk]),
-        nb09, "hopper_plan.clock_rows: D 128, 64x64 configs / FA2 of the same run, TFLOP/s")
+        nb09, "analysis.hopper.clock_rows: D 128, 64x64 configs / FA2 of the same run, TFLOP/s")
     fifth = _perf_notes_numbers(r"## Fifth forward sweep.*?D 128 non-causal ([\d.,\s]+); "
                                 r"causal ([\d.,\s]+)\(.*?D 64 \(code unchanged\) "
                                 r"non-causal ([\d.,\s]+); causal ([\d.,\s]+)\(")
@@ -396,33 +403,33 @@ def facts() -> dict[str, Fact]:
         "data/perf_notes.md, fifth forward sweep: best v2 / SDPA FLASH, D 64, N >= 4k")
     stamped = [1 - r["TFLOP/s (stamped)"] / r["TFLOP/s (plain)"] for r in timeline_rows()]
     add("h09_stamp_cost", _pct_span(stamped), nb09,
-        "hopper_plan.timeline_rows: 1 - TFLOP/s with the clock stamps / without")
+        "analysis.hopper.timeline_rows: 1 - TFLOP/s with the clock stamps / without")
     parts = {(r["D"], r["config"]): r for r in mma_only_rows()}
     p64, p128 = parts[(64, "(128, 64, 4, 3)")], parts[(128, "(64, 64, 4, 3)")]
     add("h09_mma_only_64", f"{p64['MMAs only (P = S)']:.0f}", "05_triton_flash nb:09_hopper",
-        "hopper_plan.mma_only_rows: D 64, 128x64, MMAs only")
+        "analysis.hopper.mma_only_rows: D 64, 128x64, MMAs only")
     add("h09_rowsums_64", f"{p64['MMAs + exp2 + row sums']:.0f}", "05_triton_flash",
-        "hopper_plan.mma_only_rows: D 64, 128x64, MMAs + exp2 + row sums")
+        "analysis.hopper.mma_only_rows: D 64, 128x64, MMAs + exp2 + row sums")
     add("h09_full_64", f"{p64['full online softmax']:.0f}", "05_triton_flash",
-        "hopper_plan.mma_only_rows: D 64, 128x64, full online softmax")
+        "analysis.hopper.mma_only_rows: D 64, 128x64, full online softmax")
     for key, row, D in (("h09_pinned_pred_64", p64, 64), ("h09_pinned_pred_128", p128, 128)):
         a, b = row["MMAs + exp2 + row sums"], row["full online softmax"]
         add(key, f"{a:.0f} against {b:.0f}" + (" TFLOP/s" if D == 64 else "")
             + f" at D = {D} (+{a / b - 1:.0%})", nb09,
-            f"hopper_plan.mma_only_rows: D {D}, MMAs + exp2 + row sums / full online softmax")
+            f"analysis.hopper.mma_only_rows: D {D}, MMAs + exp2 + row sums / full online softmax")
     by_pin: dict[str, list[float]] = {}
     for r in pinned:
         by_pin.setdefault(r["idea"], []).append(r["with / without"])
     add("h09_pinned_range_64",
         _pct_span([g - 1 for g in by_pin["pinned max, 128 x 64 (D 64)"]], signed=True), nb09,
-        "hopper_plan.pinned_rows: pinned max, 128 x 64 (D 64), every point")
+        "analysis.hopper.pinned_rows: pinned max, 128 x 64 (D 64), every point")
     add("h09_pinned_256", _pct_span([g - 1 for g in by_pin["pinned max, 64 x 64 Q smem (D 256)"]]),
-        nb09, "hopper_plan.pinned_rows: pinned max, 64 x 64 Q smem (D 256), every point")
+        nb09, "analysis.hopper.pinned_rows: pinned max, 64 x 64 Q smem (D 256), every point")
     lost = [1 - statistics.median(by_pin[i]) for i in (
         "64 x 128 tiles instead of 128 x 64 (D 64)",
         "64 x 128 tiles, 3 programs per SM (2 stages, D 64)")]
     add("h09_64x128", f"{lost[0]:.0%} and {lost[1]:.0%}", nb09,
-        "hopper_plan.pinned_rows: 64 x 128 tiles at D 64, 3 and 2 stages, 1 - median")
+        "analysis.hopper.pinned_rows: 64 x 128 tiles at D 64, 3 and 2 stages, 1 - median")
     long_gain = [r for r in impl_gain_rows(fwd) if r["N"] >= 4096]
     for D in (64, 128):
         for end, f_ in (("lo", min), ("hi", max)):
@@ -584,7 +591,7 @@ def facts() -> dict[str, Fact]:
         "iomodel.attention.compulsory_io at the Figure 2 shape: O and lse written once")
     add("d05_lazy_rescale",
         _pct_span([1 - r["ratio"] for r in ideas if r["idea"].startswith("lazy")]),
-        "05_triton_flash", "hopper_plan.ideas_rows: lazy rescaling, 1 - best with / without")
+        "05_triton_flash", "analysis.hopper.ideas_rows: lazy rescaling, 1 - best with / without")
     d_mm = matmul_counts()
     add("d06_matmuls_split", f"{d_mm['dkdv']} + {d_mm['dq']}", "06_backward",
         "tl.dot calls in flash_bwd._bwd_dkdv_inner and _bwd_dq_inner")
@@ -604,6 +611,54 @@ def facts() -> dict[str, Fact]:
                      ("decode_sdpa", "decode_ms_sdpa")):
         add(f"d07_llama_8k_{key}", f"{d_llama[col]:.1f}", "07_decoding",
             f"data/llama.json prompt 8192: {col}")
+
+    # Kernel docstrings: each kernel file states its current measured speed -------------------
+    def env_of(result):
+        env = result["environment"]
+        return (f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, "
+                f"{env['date'][:10]}")
+
+    def speed(result, D, causal, prov, N=16384):
+        t = _tflops(result, D, causal, N, prov)
+        fa2 = t / _tflops(result, D, causal, N, "sdpa-FLASH_ATTENTION")
+        cudnn = t / _tflops(result, D, causal, N, "sdpa-CUDNN_ATTENTION")
+        return (f"D {D}, N {N // 1024}k, {'causal' if causal else 'non-causal'}: {t:.0f} TFLOP/s, "
+                f"{fa2:.2f}x SDPA FLASH_ATTENTION, {cudnn:.2f}x SDPA CUDNN_ATTENTION")
+
+    src = "src:course_lib/kernels/"
+    add("kdoc_fwd_env", env_of(fwd), f"{src}flash_v2.py {src}flash_v2_hopper.py {src}flash_v1.py",
+        "data/attention_fwd.json environment")
+    add("kdoc_bwd_env", env_of(bwd_speed), f"{src}flash_bwd.py",
+        "data/attention_bwd.json environment")
+    add("kdoc_dec_env", env_of(dec), f"{src}decode.py", "data/decode.json environment")
+    add("kdoc_mm_env", env_of(load_result("matmul")), f"{src}matmul.py",
+        "data/matmul.json environment")
+    for D in (64, 128):
+        add(f"kdoc_portable_{D}", speed(fwd, D, False, "v2-portable"), f"{src}flash_v2.py",
+            f"data/attention_fwd.json v2-portable, D {D}, N 16k")
+        add(f"kdoc_hopper_{D}", speed(fwd, D, False, "v2-hopper"), f"{src}flash_v2_hopper.py",
+            f"data/attention_fwd.json v2-hopper, D {D}, N 16k")
+        add(f"kdoc_hopper_{D}_c", speed(fwd, D, True, "v2-hopper"), f"{src}flash_v2_hopper.py",
+            f"data/attention_fwd.json v2-hopper, D {D}, N 16k, causal")
+        add(f"kdoc_bwd_{D}", speed(bwd_speed, D, False, "v2-portable"), f"{src}flash_bwd.py",
+            f"data/attention_bwd.json v2-portable backward, D {D}, N 16k")
+    v1_128 = _tflops(fwd, 128, False, 16384, "v1")
+    add("kdoc_v1_128", f"D 128, N 16k, non-causal: {v1_128:.0f} TFLOP/s, "
+        f"{v1_128 / _tflops(fwd, 128, False, 16384, 'v2-portable'):.2f}x the portable v2",
+        f"{src}flash_v1.py", "data/attention_fwd.json v1 and v2-portable, D 128, N 16k")
+    r_b1 = {N: rows[(1, N)] for N in (4096, 131072)}
+    add("kdoc_decode", f"B 1, N 128k: {r_b1[131072]['flash_decode']['us']:.0f} µs, "
+        f"{r_b1[131072]['flash_decode']['copy_fraction']:.0%} of the copy bandwidth "
+        f"(SDPA cuDNN {r_b1[131072]['sdpa-CUDNN_ATTENTION']['us']:.0f} µs); B 1, N 4k: "
+        f"{r_b1[4096]['flash_decode']['us']:.1f} µs (SDPA cuDNN "
+        f"{r_b1[4096]['sdpa-CUDNN_ATTENTION']['us']:.1f} µs)", f"{src}decode.py",
+        "data/decode.json B 1, graph replays")
+    paged_each = [r["paged_decode"]["ms"] / r["flash_decode"]["ms"] for r in rows.values()]
+    add("kdoc_paged", f"paged_decode / flash_decode latency {_span(paged_each)}",
+        f"{src}decode.py", "data/decode.json paged / flash, every shape, graph replays")
+    add("kdoc_matmul", f"4096³ fp16: {mm['course_tflops']:.0f} TFLOP/s against cuBLAS "
+        f"{mm['torch_tflops']:.0f} ({mm['ratio']:.2f}x)", f"{src}matmul.py",
+        "data/matmul.json headline")
 
     # README: the measured table (readme_measured), each row with its harness ------------------
     def nb(r, D=None, causal=None, long=None):
@@ -806,6 +861,9 @@ def check(f: dict | None = None) -> list[str]:
             if fact.text not in notebook_prose(stem):
                 problems.append(f"notebooks/{stem}.ipynb does not quote {key} = {fact.text!r} "
                                 f"({fact.source})")
+        for rel in fact.sources:  # a docstring wraps its lines: compare with spaces collapsed
+            if " ".join(fact.text.split()) not in " ".join((ROOT / rel).read_text().split()):
+                problems.append(f"{rel} does not quote {key} = {fact.text!r} ({fact.source})")
         if "README" in fact.where and fact.text not in readme:
             problems.append(f"README.md does not quote {key} = {fact.text!r} ({fact.source})")
     return problems

@@ -6,13 +6,9 @@ import torch
 
 import course_lib
 from course_lib.kernels import decode as dec
-from course_lib.kernels.decode import (
-    contiguous_to_pages,
-    decode_reference,
-    flash_decode,
-    paged_decode,
-    pages_to_contiguous,
-)
+from course_lib.kernels.decode import flash_decode, paged_decode
+from course_lib.kvcache import contiguous_to_pages, pages_to_contiguous
+from course_lib.reference import decode_reference
 from course_lib.testing import (
     KERNEL_DTYPES,
     assert_close_2x,

@@ -11,10 +11,10 @@ from course_lib.kernels import flash_bwd
 from course_lib.kernels.flash_bwd import (
     GPU_CONFIGS,
     BwdConfig,
-    FlashAttnV2Function,
     default_config,
     flash_attn_v2_backward,
 )
+from course_lib.ops.attention import FlashAttnV2Function
 from course_lib.reference import attention
 from course_lib.testing import KERNEL_DTYPES, assert_close_2x, attention_same_precision, fresh_randn
 
@@ -191,7 +191,7 @@ def test_backward_input_errors():
 
 
 def test_every_head_dim_has_a_named_gpu_config():
-    from course_lib.kernels._validate import HEAD_DIMS
+    from course_lib.validate import HEAD_DIMS
 
     for d in HEAD_DIMS:
         GPU_CONFIGS[d].check(d)
@@ -231,7 +231,7 @@ E2E_SHAPES = [(1, 2, 2, 17, 17, 32), (1, 4, 2, 97, 130, 64), (1, 2, 1, 130, 97, 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", E2E_SHAPES, ids=_ids)
 def test_flash_attn_v2_is_differentiable(shape, causal, dtype):
-    from course_lib.kernels.flash_v2 import flash_attn_v2
+    from course_lib.ops import flash_attn_v2
 
     q, k, v, do = _inputs(*shape, dtype)
     (o, lse), got = _grads(lambda a, b, c: flash_attn_v2(a, b, c, causal=causal,
@@ -242,7 +242,7 @@ def test_flash_attn_v2_is_differentiable(shape, causal, dtype):
 
 def test_flash_attn_v2_grad_of_a_loss_and_no_grad_paths():
     """A scalar loss through O (non-contiguous dO from .sum()), and inputs without grad."""
-    from course_lib.kernels.flash_v2 import flash_attn_v2
+    from course_lib.ops import flash_attn_v2
 
     q, k, v, _ = _inputs(1, 2, 1, 33, 40, 32, torch.float32)
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
@@ -301,7 +301,7 @@ def test_gradcheck_float64(n_q, n_k, h, h_kv, causal):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_gpu_long_sequences(D, causal, dtype):
-    from course_lib.kernels.flash_v2 import flash_attn_v2
+    from course_lib.ops import flash_attn_v2
 
     q, k, v, do = _inputs(2, 4, 2, 1000, 1537, D, dtype)
     _, got = _grads(lambda a, b, c: flash_attn_v2(a, b, c, causal=causal), q, k, v, do)
@@ -321,7 +321,7 @@ def test_gpu_autotuned_path(D, causal):
 
 @pytest.mark.gpu
 def test_gpu_function_used_by_flash_attn_v2():
-    from course_lib.kernels.flash_v2 import flash_attn_v2
+    from course_lib.ops import flash_attn_v2
 
     q, k, v, _ = _inputs(1, 2, 2, 256, 256, 64, torch.float16)
     q.requires_grad_()

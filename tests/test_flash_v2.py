@@ -3,8 +3,8 @@ import pytest
 import torch
 
 import course_lib
-from course_lib.kernels.flash_v2 import IMPLS, _flash_attn_v2_forward, flash_attn_v2
 from course_lib.kernels.flash_v2_hopper import lse_rounding
+from course_lib.ops.attention import IMPLS, _flash_attn_v2_forward, flash_attn_v2
 from course_lib.reference import attention
 from course_lib.testing import (
     KERNEL_DTYPES,

@@ -9,14 +9,14 @@ import torch
 import triton
 from matplotlib.figure import Figure
 
+from course_lib.analysis import flash_v2 as plan
+from course_lib.analysis import hopper as hp
 from course_lib.bench import attention as ab
 from course_lib.bench import common
 from course_lib.bench.plots import plot_attention
 from course_lib.exercises import flash_v2 as ex
 from course_lib.exercises.attention import rescale_update_solution
 from course_lib.kernels import flash_v2_hopper as hop
-from course_lib.kernels import flash_v2_plan as plan
-from course_lib.kernels import hopper_plan as hp
 from course_lib.reference import attention, causal_mask
 from course_lib.testing import assert_close_2x, attention_same_precision, fresh_randn, poison_
 
@@ -448,7 +448,7 @@ def test_the_interpreter_runs_the_gpu_code_path(monkeypatch, D, rowsum):
     GPU runs first (small tiles): the pinned max, and at D 128 the row sums on the tensor
     cores."""
     from course_lib import INTERPRET
-    from course_lib.kernels.flash_v2 import flash_attn_v2
+    from course_lib.ops import flash_attn_v2
 
     first = hop.keep_hopper_config(hop.HOPPER_CONFIGS, {"HEAD_DIM": D})[0]
     assert first.kwargs["ROWSUM_MMA"] is rowsum and first.kwargs["Q_IN_REGS"]

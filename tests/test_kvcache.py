@@ -5,16 +5,17 @@ import torch
 
 from course_lib import kvcache, unified_max
 from course_lib.exercises import decode as ex
-from course_lib.kernels.decode import flash_decode, paged_decode, pages_to_contiguous
 from course_lib.kvcache import (
     BlockAllocator,
     OutOfBlocks,
     PagedKVCache,
     Workload,
+    pages_to_contiguous,
     sampling_memory,
     sampling_saving,
     simulate_serving,
 )
+from course_lib.ops import flash_decode, paged_decode
 from course_lib.testing import fresh_randn
 
 # ------------------------------------------------------------------------------ allocator

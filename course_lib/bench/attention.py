@@ -204,7 +204,7 @@ def write(result: dict, out_dir: Path | None = None, plot: bool = True) -> Path:
 
 def _v2_impls() -> tuple[tuple[str, ...], str | None]:
     try:
-        from course_lib.kernels.flash_v2 import IMPLS
+        from course_lib.ops import IMPLS
     except ImportError as exc:
         return (), describe_error(exc)
     return tuple(IMPLS), None
@@ -226,7 +226,7 @@ def provider_fn(name: str, causal: bool):
 
         return lambda q, k, v: flash_attn_v1(q, k, v, causal=causal)
     if name.startswith("v2-"):
-        from course_lib.kernels.flash_v2 import flash_attn_v2
+        from course_lib.ops import flash_attn_v2
 
         impl = name[3:]
         return lambda q, k, v: flash_attn_v2(q, k, v, causal=causal, impl=impl)

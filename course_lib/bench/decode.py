@@ -206,7 +206,7 @@ class GPUMeasure:
         self._key = self._data = self._ref = None
 
     def _prepare(self, shape):
-        from course_lib.kernels.decode import contiguous_to_pages
+        from course_lib.kvcache import contiguous_to_pages
 
         key = (shape["B"], shape["N"])
         if key == self._key:
@@ -230,7 +230,7 @@ class GPUMeasure:
     def _reference(self):
         """fp32 output of batch 0 (the reference of course_lib.reference, one sequence)."""
         if self._ref is None:
-            from course_lib.kernels.decode import decode_reference
+            from course_lib.reference import decode_reference
 
             d = self._data
             self._ref = decode_reference(d["q"][:1].float(), d["k"][:1].float(),
@@ -262,7 +262,7 @@ class GPUMeasure:
                                         num_splits=cfg.get("num_splits"),
                                         config=cfg.get("config"))
         if name == "flash_attn_v2":  # the prefill kernel asked to decode: one program per
-            from course_lib.kernels.flash_v2 import flash_attn_v2  # (query block, head)
+            from course_lib.ops import flash_attn_v2  # (query block, head)
 
             return lambda: flash_attn_v2(d["q"], d["k"], d["v"], causal=True)
         if name.startswith("sdpa-"):

@@ -43,7 +43,7 @@ def config(shape4: tuple, q_in_regs: bool):
 
 def providers(D: int) -> list[str]:
     """Provider names of one head dim: the SDPA backends, then each config in both forms."""
-    from course_lib.kernels.hopper_plan import config_label
+    from course_lib.bench.kernel_configs import config_label
 
     return [*SDPA, *(config_label(config(c, regs)) for c in PAIRS[D] for regs in (False, True))]
 
@@ -93,7 +93,7 @@ def provider_fn(name: str, causal: bool):
     """The callable ``(q, k, v) -> o`` behind a provider name: an SDPA backend or a config."""
     if name in SDPA:
         return attention.provider_fn(name, causal)
-    from course_lib.kernels.hopper_plan import config_label, launch_config
+    from course_lib.bench.kernel_configs import config_label, launch_config
 
     cfg = next((config(c, r) for pairs in PAIRS.values() for c in pairs for r in (False, True)
                 if config_label(config(c, r)) == name), None)

@@ -11,7 +11,7 @@ computes them afresh with the same functions:
 * ``q_form_rows``: one config compiled with Q in shared memory and with Q in registers;
 * ``config_rows``: every candidate of ``flash_v2_hopper.HOPPER_CONFIGS`` at D 64, 128 and 256
   (N 4096, non-causal, fp16, B·N = 32k, H·D = 2048): the compiler's shared memory next to the
-  estimate of ``hopper_plan.smem_bytes``, registers, spills, the error against the fp32
+  estimate of ``analysis.hopper.smem_bytes``, registers, spills, the error against the fp32
   reference (2x rule), and single timings in interleaved rounds (each round times every config
   once; TFLOP/s with FLOPs = 4·B·H·N²·D). A config that does not compile or does not fit is
   recorded with its error.
@@ -54,7 +54,7 @@ def _compiled_facts(compiled) -> dict:
 def _sass_counts(compiled) -> dict:
     """``OPCODES`` counted in the kernel's SASS (static: lines of the listing), or the reason
     there is no SASS (Triton disassembles the cubin with cuobjdump)."""
-    from course_lib.kernels.hopper_plan import count_instructions
+    from course_lib.bench.kernel_configs import count_instructions
 
     try:
         sass = compiled.asm["sass"]
@@ -77,8 +77,8 @@ def _inputs(D: int, N: int = 4096, tokens: int = 32768, hidden: int = 2048):
 def sass_rows(label: str = SASS_CONFIG[0], D: int = SASS_CONFIG[1]) -> list[dict]:
     """Both kernels compiled with the Hopper config ``label`` (the portable kernel ignores the
     Hopper-only switches) at head dim ``D``: instruction counts, shared memory, registers."""
+    from course_lib.bench.kernel_configs import config_label, launch_config
     from course_lib.kernels import flash_v2_hopper as hop
-    from course_lib.kernels.hopper_plan import config_label, launch_config
 
     cfg = next(c for c in hop.HOPPER_CONFIGS if config_label(c) == label)
     _, (q, k, v) = _inputs(D, tokens=4096, hidden=16 * D)  # (1, 16, 4096, D)
@@ -92,8 +92,8 @@ def sass_rows(label: str = SASS_CONFIG[0], D: int = SASS_CONFIG[1]) -> list[dict
 
 def q_form_rows(shape4: tuple = Q_FORM_CONFIG[0], D: int = Q_FORM_CONFIG[1]) -> list[dict]:
     """One config of the Hopper kernel with Q in shared memory and with Q in registers."""
+    from course_lib.bench.kernel_configs import config_label, launch_config, smem_bytes
     from course_lib.kernels import flash_v2_hopper as hop
-    from course_lib.kernels.hopper_plan import config_label, launch_config, smem_bytes
 
     _, (q, k, v) = _inputs(D, tokens=4096, hidden=16 * D)  # (1, 16, 4096, D)
     rows = []
@@ -116,8 +116,8 @@ def config_rows(head_dims=(64, 128, 256), rounds: int = 3, N: int = 4096,
     """
     import torch
 
+    from course_lib.bench.kernel_configs import config_label, launch_config, smem_bytes
     from course_lib.kernels import flash_v2_hopper as hop
-    from course_lib.kernels.hopper_plan import config_label, launch_config, smem_bytes
     from course_lib.reference import attention, attention_flops
     from course_lib.testing import attention_same_precision
 

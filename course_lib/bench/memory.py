@@ -46,7 +46,7 @@ MIB = 2**20
 def _attention_fn(provider: str, causal: bool):
     """A function (q, k, v) -> O for one provider, differentiable."""
     if provider == "flash_attn_v2":
-        from course_lib.kernels.flash_v2 import flash_attn_v2
+        from course_lib.ops import flash_attn_v2
 
         return lambda q, k, v: flash_attn_v2(q, k, v, causal=causal)
     if provider.startswith("sdpa-"):

@@ -3,7 +3,7 @@
 Introduced in notebooks/09_hopper.ipynb (section 5, and section 6 for the pinned max); the
 ``slides_`` versions are drawn for the lecture room (deck 05). Each picture is a schedule, not a
 measurement: the bar lengths follow the two numbers per score element of an H100 SXM
-(``course_lib.kernels.hopper_plan.score_costs``: tensor-core time of QKᵀ and of P·V, and the
+(``course_lib.analysis.hopper.score_costs``: tensor-core time of QKᵀ and of P·V, and the
 softmax's exp2 and FP32 time), at head dim 128 unless a function says otherwise.
 
 * ``warp_specialisation``: a producer warp issues TMA copies of K_j, V_j into a ring of two
@@ -52,7 +52,7 @@ def _style(slide: bool) -> dict:
 def durations(D: int = 128) -> dict:
     """Per key block, in units of one QKᵀ: QKᵀ and P·V take 1 each (2·D FLOPs per score
     element each on the tensor cores), the softmax takes softmax_ps / (mma_ps / 2)."""
-    from course_lib.kernels.hopper_plan import score_costs
+    from course_lib.analysis.hopper import score_costs
 
     c = score_costs(D)
     half = c["mma_ps"] / 2

@@ -5,7 +5,7 @@ Introduced in notebooks/02_gpu_memory.ipynb. Sizes and the HBM bandwidth come fr
 Programming Guide's per-compute-capability table). The shared-memory bandwidth is derived, not
 quoted: 32 banks of 4 bytes give 128 bytes per clock per SM (CUDA C++ Programming Guide,
 "Shared Memory"), at the clock of the datasheet's tensor-core peak (989.4 TFLOP/s over 132 SMs
-at 4096 dense fp16 FLOPs per SM per clock, ``kernels.hopper_plan.MMA_FLOPS_PER_SM_CYCLE``).
+at 4096 dense fp16 FLOPs per SM per clock, ``analysis.hopper.MMA_FLOPS_PER_SM_CYCLE``).
 NVIDIA publishes no bandwidth for the L2 cache or the registers; the picture says so.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ FONT = 12
 
 def hierarchy(gpu: GPUSpec | str = "H100-SXM") -> list[dict]:
     """The four levels, fastest first: name, where, size per SM and in all, bandwidth, owner."""
-    from course_lib.kernels.hopper_plan import MMA_FLOPS_PER_SM_CYCLE
+    from course_lib.analysis.hopper import MMA_FLOPS_PER_SM_CYCLE
 
     g = get_gpu(gpu)
     clock_hz = g.fp16_tensor_tflops * 1e12 / (g.sms * MMA_FLOPS_PER_SM_CYCLE)

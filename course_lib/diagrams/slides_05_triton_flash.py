@@ -2,10 +2,10 @@
 
 Drawn for slides/05_triton_flash.md at slide size (``slides_style``) from the same code and data
 as notebooks/08_triton_flash_v2.ipynb and notebooks/09_hopper.ipynb:
-``kernels.flash_v2_plan.causal_block_kinds`` (which key blocks a Q block skips, runs unmasked,
+``analysis.flash_v2.causal_block_kinds`` (which key blocks a Q block skips, runs unmasked,
 or masks), the stored H100 sweep course_lib/data/attention_fwd.json,
-``kernels.hopper_plan.config_rows`` (shared memory of each Hopper config) and
-``kernels.hopper_plan.score_costs`` (tensor-core time and softmax time per score element).
+``analysis.hopper.config_rows`` (shared memory of each Hopper config) and
+``analysis.hopper.score_costs`` (tensor-core time and softmax time per score element).
 FlashAttention-3's timelines and the pinned max's chain are drawn by
 ``course_lib.diagrams.fa3_timelines`` (``slides_fa3_*``, ``slides_pinned_max_chain``).
 """
@@ -32,7 +32,7 @@ def causal_kinds(N_q: int = 1000, N_k: int = 1000, BLOCK_M: int = 128, BLOCK_N: 
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
-    from course_lib.kernels.flash_v2_plan import KIND_COLORS, KINDS, causal_block_kinds, kind_counts
+    from course_lib.analysis.flash_v2 import KIND_COLORS, KINDS, causal_block_kinds, kind_counts
 
     kinds = causal_block_kinds(N_q, N_k, BLOCK_M, BLOCK_N, True)
     T_r, T_c = kinds.shape
@@ -100,7 +100,7 @@ def forward_speed(causal: bool = False):
 def smem_per_program(D: int = 128):
     """Shared memory of five Hopper configs at head dim D: the Q tile (when Q is not held in
     registers) and K + V tiles per pipeline stage, against one block's limit."""
-    from course_lib.kernels.hopper_plan import config_rows
+    from course_lib.analysis.hopper import config_rows
 
     want = ("128x128 w8 s3 Q smem", "128x128 w8 s3", "128x128 w8 s2", "128x64 w4 s3",
             "64x64 w4 s3")
@@ -130,8 +130,8 @@ def ceiling(measured_N: int = 16384):
     """Left: per score element, tensor-core time (4·D FLOPs) against softmax time (one exp2 and
     a few FP32 operations), at D = 64 and 128. Right: the ceiling of running the two one after
     the other, with the measured forward speed (non-causal, N = 16k)."""
+    from course_lib.analysis.hopper import score_costs
     from course_lib.bench.common import load_result
-    from course_lib.kernels.hopper_plan import score_costs
 
     dims = (64, 128)
     costs = [score_costs(d) for d in dims]

@@ -802,7 +802,7 @@ def _paged_gather_no_strides(K_PAGES, BLOCK_TABLE, SEQLENS, OUT,
 
 
 def _gather_in_torch(k_pages, block_table, seqlens, n_max):
-    from course_lib.kernels.decode import pages_to_contiguous
+    from course_lib.kvcache import pages_to_contiguous
 
     return pages_to_contiguous(k_pages, block_table, seqlens, n_max)
 
@@ -813,7 +813,7 @@ GATHER_BLOCK_N = 8
 
 def _scattered(seed, lens, H_kv, D, block_size, num_blocks):
     """A cache of ``lens`` keys per sequence scattered into pages in a random order."""
-    from course_lib.kernels.decode import contiguous_to_pages
+    from course_lib.kvcache import contiguous_to_pages
 
     gen = torch.Generator().manual_seed(seed)
     n_max = max(lens)
@@ -873,7 +873,7 @@ def prepare_paged_gather(k_pages, block_table, seqlens, n_max, label=""):
 
 
 def _gather_spec(k_pages, block_table, seqlens, n_max, label=""):
-    from course_lib.kernels.decode import pages_to_contiguous
+    from course_lib.kvcache import pages_to_contiguous
 
     return pages_to_contiguous(k_pages, block_table, seqlens, n_max)
 

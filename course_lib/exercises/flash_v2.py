@@ -604,8 +604,8 @@ KINDS_HINTS = (
 
 
 def check_block_kinds(student, show: bool = True) -> Result:
-    """Against the kinds of ``flash_v2_plan.key_block_kinds`` (the kernel's arithmetic)."""
-    from course_lib.kernels.flash_v2_plan import key_block_kinds
+    """Against the kinds of ``analysis.flash_v2.key_block_kinds`` (the kernel's arithmetic)."""
+    from course_lib.analysis.flash_v2 import key_block_kinds
 
     def spec(*args):
         return key_block_kinds(*args, True)
@@ -746,8 +746,8 @@ TWO_NUMBERS_HINTS = (
 
 
 def check_two_numbers(student, show: bool = True) -> Result:
-    """Against ``hopper_plan.score_costs`` (the model of section 5)."""
-    from course_lib.kernels.hopper_plan import score_costs
+    """Against ``analysis.hopper.score_costs`` (the model of section 5)."""
+    from course_lib.analysis.hopper import score_costs
 
     def spec(D, BLOCK_N):
         c = score_costs(D, "H100-SXM", BLOCK_N)
@@ -783,7 +783,7 @@ def _stored_tflops(D, causal, N, provider):
 
 
 def _costs_64():
-    from course_lib.kernels.hopper_plan import score_costs
+    from course_lib.analysis.hopper import score_costs
 
     return score_costs(64)
 

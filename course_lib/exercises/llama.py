@@ -15,7 +15,7 @@ import torch
 
 from course_lib._device import DEVICE
 from course_lib.exercises import Exercise, Mistake, Question, check, register
-from course_lib.kernels.flash_v2 import flash_attn_v2
+from course_lib.ops import flash_attn_v2
 from course_lib.reference import attention
 
 

@@ -38,6 +38,8 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+from course_lib.reference import block_is_visible
+
 __all__ = [  # FIGURES stays out: course_lib.iomodel star-imports several modules
     "A100_M", "A100_SRAM_BYTES", "FIGURE2_SHAPE", "HBMCounter", "SOFTMAX_FLOPS_PER_ELEMENT",
     "STANDARD_STEPS", "block_is_visible", "compulsory_io", "count_flash_v1", "count_flash_v2",
@@ -203,11 +205,6 @@ def paper_block_sizes(M: int, d: int) -> tuple[int, int]:
         raise ValueError(f"the paper needs d <= M; got M={M}, d={d}")
     block_n = math.ceil(M / (4 * d))
     return min(block_n, d), block_n
-
-
-def block_is_visible(r0, r1, c0, N_q, N_k) -> bool:
-    """Whether any query row in [r0, r1) sees any key at column >= c0 (bottom-right causal)."""
-    return c0 <= (r1 - 1) + (N_k - N_q)
 
 
 def visited_blocks(N_q, N_k, block_m, block_n, causal=False, skip_masked_blocks=True):

@@ -9,8 +9,10 @@ decoding, a few when a draft is verified in speculative decoding) to the ``L_b``
 values already in the cache of sequence ``b``. The FLOPs are tiny (4·H·N_q·L·D) and every byte
 of K and V is read once: decoding is bound by memory bandwidth (arithmetic intensity
 ``H·N_q/H_kv`` FLOP per fp16 byte; see ``course_lib.iomodel.decode``). A FlashAttention forward
-kernel launches one program per (batch, head, BLOCK_M query rows): at batch 1 that is 32
-programs for 132 SMs, each walking all ``L`` keys alone. The pieces below fix that.
+kernel like the course's ``flash_attn_v2`` launches one program per (batch, head, BLOCK_M query
+rows): at batch 1 that is 32 programs for 132 SMs, each walking all ``L`` keys alone (measured in
+course_lib/data/decode.json). The pieces below fix that, as FlashAttention's own decoding path
+(``flash_attn_with_kvcache``) does.
 
 The pieces
 ----------
@@ -30,7 +32,8 @@ split's *normalised* partial output ``o_s`` (fp32) and its natural-log ``lse_s``
 with (lse, o) in place of (m, d). Empty splits carry ``lse_s = −inf`` and weigh nothing.
 
 ``paged_decode`` uses the same two kernels with ``PAGED=True``: the only change is where row
-``n`` of K/V lives. Contiguously it is ``k_cache[b, g, n]``; paged (vLLM, Kwon et al. 2023, §4.1)
+``n`` of K/V lives. Contiguously it is ``k_cache[b, g, n]``; paged (PagedAttention: Kwon et al.
+2023, §4.1; the layout ``flash_attn_with_kvcache`` takes with a ``block_table``)
 it is ``k_pages[block_table[b, n // block_size], n % block_size, g]``. A ``BLOCK_N`` tile spans
 ``BLOCK_N / block_size`` pages: the kernel gathers the physical block id of each of its rows
 (a cached load) and then loads the rows like any others.
@@ -47,39 +50,32 @@ Sanity checks cost a device-to-host copy: ``cache_seqlens`` in range, and for th
 every block id a sequence uses in ``[0, num_blocks)``. ``validate=False`` skips the checks that
 read device memory (the benchmark validates once, then times with it off).
 
-Split and merge are two launches; on a GPU the Python wrapper's own cost (validation, four
-``torch.empty``, two launches) is a few tens of µs of host time, hidden behind the GPU work of
-long sequences and by ``do_bench``'s L2 flush in the benchmark.
-
-Measured speed (NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22;
-N_q = 1, H = 32, H_kv = 8, D = 128, fp16; CUDA-graph replays, L2 flushed between runs; copy
-bandwidth 3019 GB/s measured in the same run; course_lib/data/decode.json):
-
-    B   N      flash_decode        paged_decode        SDPA FLASH   SDPA cuDNN
-    1   4k     18.8 us (30% copy)  20.1 us             26.0 us      54.2 us
-    1   32k    65.1 us (68%)       66.6 us             71.8 us      366.0 us
-    1   128k   197.0 us (90%)      202.5 us (88%)      206.0 us     1436.4 us
-    8   32k    368.4 us (97%)      383.0 us (93%)      368.3 us     388.9 us
-    8   128k   1407.7 us (101%)    1474.1 us (97%)     1400.7 us    1509.9 us
-
-Targets: B = 1, N = 128k at 90% of the copy bandwidth (>= 85% met; the 92% goal not);
-B = 1, N = 4k at 0.35x cuDNN's latency (<= 1.2x met); paged_decode within 1.02-1.07x of
-flash_decode at every shape (<= 1.1x met). Before the split count was rounded down to one wave
-of programs (``choose_num_splits``), paged_decode at B = 8 was 1.24-1.26x slower. (Over 100% of
-"copy" means part of the cache came from L2.)
+Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-24 (N_q = 1, H = 32,
+H_kv = 8, D = 128, fp16; every provider timed as a CUDA-graph replay, ``do_bench`` median, L2
+flushed; course_lib/data/decode.json, which also has every eager time):
+B 1, N 128k: 198 µs, 90% of the copy bandwidth (SDPA cuDNN 193 µs); B 1, N 4k: 18.8 µs
+(SDPA cuDNN 18.8 µs).
+paged_decode / flash_decode latency 1.02–1.07× at every shape. Called eagerly at N 4k the host's
+work dominates (the two launches, and with the default arguments the checks that read
+``cache_seqlens`` back): see course_lib/data/perf_notes.md.
 """
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 import triton
 import triton.language as tl
 
 from course_lib._device import INTERPRET
-from course_lib.kernels._validate import check_attention_inputs, check_sm_scale, check_tensor
 from course_lib.reference import LOG2E
+from course_lib.validate import (
+    check_attention_inputs,
+    check_block_table,
+    check_int_vector,
+    check_sm_scale,
+    check_tensor,
+)
 
 MAX_SPLITS = 256
 PROGRAMS_PER_SM = 2
@@ -330,18 +326,6 @@ def _block_m(rows: int) -> int:
 # validation
 # ---------------------------------------------------------------------------------------------
 
-def _check_int_vector(name: str, t, length: int, device) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of int32, got {type(t).__name__}")
-    if t.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"{name} must hold integers (int32), got {t.dtype}")
-    if t.ndim != 1 or t.shape[0] != length:
-        raise ValueError(f"{name} must have shape ({length},) (one length per sequence), "
-                         f"got {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device} but q is on {device}")
-
-
 def _check_num_splits(num_splits) -> None:
     if num_splits is None:
         return
@@ -441,7 +425,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm
     sm_scale = check_sm_scale(sm_scale, D)
     cfg = _check_config(config, D)
     if cache_seqlens is not None:
-        _check_int_vector("cache_seqlens", cache_seqlens, B, q.device)
+        check_int_vector("cache_seqlens", cache_seqlens, B, q.device)
         if validate:
             lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())
             if lo < 0 or hi > N_max:
@@ -489,94 +473,16 @@ def paged_decode(q, k_pages, v_pages, block_table, cache_seqlens, num_splits=Non
         raise ValueError(f"block_table is on {block_table.device} but q is on {q.device}")
     if cache_seqlens is None:
         raise ValueError("cache_seqlens is required for paged_decode (one length per sequence)")
-    _check_int_vector("cache_seqlens", cache_seqlens, B, q.device)
+    check_int_vector("cache_seqlens", cache_seqlens, B, q.device)
     _check_num_splits(num_splits)
     sm_scale = check_sm_scale(sm_scale, D)
     cfg = _check_config(config, D)
     max_blocks = block_table.shape[1]
     capacity = max_blocks * block_size
     if validate:
-        _check_block_table(block_table, cache_seqlens, num_blocks, block_size, capacity)
+        check_block_table(block_table, cache_seqlens, num_blocks, block_size, capacity)
     if block_table.dtype != torch.int32 or block_table.stride(1) != 1:
         block_table = block_table.to(torch.int32).contiguous()
     cache_seqlens = cache_seqlens.to(torch.int32)
     return _launch(q, k_pages, v_pages, cache_seqlens, block_table, block_size, capacity,
                    sm_scale, num_splits, cfg, return_lse, paged=True)
-
-
-def _check_block_table(block_table, cache_seqlens, num_blocks, block_size, capacity):
-    """ValueError if a length exceeds the table or a block id a sequence uses is out of range."""
-    lens = cache_seqlens.to(torch.int64)
-    lo, hi = int(lens.min()), int(lens.max())
-    if lo < 0 or hi > capacity:
-        raise ValueError(f"cache_seqlens must lie in [0, {capacity}] (block_table's "
-                         f"{block_table.shape[1]} blocks × block_size {block_size}), "
-                         f"got values in [{lo}, {hi}]")
-    used_blocks = (lens + block_size - 1) // block_size  # (B,)
-    cols = torch.arange(block_table.shape[1], device=block_table.device)
-    used = cols[None, :] < used_blocks[:, None]  # (B, max_blocks)
-    bad = used & ((block_table < 0) | (block_table >= num_blocks))
-    if bool(bad.any()):
-        b, j = (int(x) for x in bad.nonzero()[0])
-        raise ValueError(f"block_table[{b}, {j}] = {int(block_table[b, j])} is not a block id "
-                         f"in [0, {num_blocks}) (num_blocks of k_pages), and sequence {b} "
-                         f"uses that block")
-
-
-def decode_reference(q, k_cache, v_cache, cache_seqlens=None, sm_scale=None, return_lse=False):
-    """fp32 reference: course_lib.reference.attention per sequence on its first L_b keys."""
-    from course_lib.reference import attention
-
-    B, H, N_q, D = q.shape
-    lens = [k_cache.shape[2]] * B if cache_seqlens is None else cache_seqlens.tolist()
-    outs, lses = [], []
-    for b, n in enumerate(lens):
-        o, lse = attention(q[b:b + 1], k_cache[b:b + 1, :, :n], v_cache[b:b + 1, :, :n],
-                           causal=True, sm_scale=sm_scale, return_lse=True)
-        outs.append(o)
-        lses.append(lse)
-    o, lse = torch.cat(outs), torch.cat(lses)
-    return (o, lse) if return_lse else o
-
-
-def pages_to_contiguous(k_pages, block_table, cache_seqlens, n_max=None):
-    """Gather a paged cache into the contiguous (B, H_kv, N_max, D) layout (zeros past L_b)."""
-    num_blocks, block_size, H_kv, D = k_pages.shape
-    B = block_table.shape[0]
-    lens = cache_seqlens.tolist()
-    n_max = max(lens) if n_max is None else n_max
-    out = torch.zeros((B, H_kv, max(n_max, 1), D), dtype=k_pages.dtype, device=k_pages.device)
-    for b, n in enumerate(lens):
-        if n == 0:
-            continue
-        nb = math.ceil(n / block_size)
-        blocks = k_pages[block_table[b, :nb].long()]  # (nb, block_size, H_kv, D)
-        out[b, :, :n] = blocks.reshape(nb * block_size, H_kv, D)[:n].transpose(0, 1)
-    return out
-
-
-def contiguous_to_pages(k_cache, cache_seqlens=None, block_size=16, num_blocks=None,
-                        generator=None):
-    """Scatter a contiguous cache into pages in a random physical order.
-
-    Returns (k_pages, block_table): k_pages (num_blocks, block_size, H_kv, D), block_table
-    (B, max_blocks) int32 with every logical block of every sequence on its own physical block
-    (a random permutation, so neighbouring logical blocks are far apart in memory).
-    """
-    B, H_kv, N_max, D = k_cache.shape
-    max_blocks = math.ceil(N_max / block_size)
-    needed = B * max_blocks
-    num_blocks = needed if num_blocks is None else num_blocks
-    if num_blocks < needed:
-        raise ValueError(f"num_blocks={num_blocks} < {needed} blocks needed")
-    perm = torch.randperm(num_blocks, generator=generator)[:needed]
-    block_table = perm.view(B, max_blocks).to(torch.int32)
-    padded = torch.zeros((B, H_kv, max_blocks * block_size, D), dtype=k_cache.dtype,
-                         device=k_cache.device)
-    padded[:, :, :N_max] = k_cache
-    pages = torch.zeros((num_blocks, block_size, H_kv, D), dtype=k_cache.dtype,
-                        device=k_cache.device)
-    # (B, H_kv, max_blocks, block_size, D) -> (B·max_blocks, block_size, H_kv, D)
-    src = padded.view(B, H_kv, max_blocks, block_size, D).permute(0, 2, 3, 1, 4)
-    pages[perm.to(k_cache.device)] = src.reshape(needed, block_size, H_kv, D)
-    return pages, block_table.to(k_cache.device)

@@ -1,62 +1,47 @@
-"""FlashAttention-2 backward in Triton, and ``FlashAttnV2Function`` that makes ``flash_attn_v2``
-differentiable.
+"""FlashAttention-2 backward in Triton: dQ, dK, dV without the N_q × N_k matrix.
 
-Introduced in notebooks/10_backward.ipynb. References: Dao et al. 2022, "FlashAttention",
-Appendix B.2 (the gradient formulas), B.4 (Algorithm 4) and Theorem 5 (HBM accesses); Dao 2023,
-"FlashAttention-2", section 3.1.2 (the backward loop order); the structure of Triton's tutorial
-06 (``_attn_bwd``), without its assumptions (N a multiple of the blocks, N_q = N_k, and the
-non-causal dQ that only visits the keys left of the diagonal).
+Introduced in notebooks/10_backward.ipynb. ``course_lib.ops.flash_attn_v2`` calls the launcher
+``flash_attn_v2_backward`` from its autograd Function. References: Dao et al. 2022,
+"FlashAttention", Appendix B (the gradients, Algorithm 4, Theorem 5); Dao 2023,
+"FlashAttention-2", section 3.1.2; the loop structure of Triton's tutorial 06.
 
-With S = sm_scale·QKᵀ (masked), P = softmax(S) = exp(S - lse) and O = PV, the gradients are
+What it computes. With S = sm_scale·QKᵀ (masked), P = exp(S − lse) and O = PV:
 
     dV = Pᵀ dO                      dP = dO Vᵀ
-    dS = P ∘ (dP - delta)           delta_i = Σ_j P_ij dP_ij = rowsum(dO ∘ O)_i
+    dS = P ∘ (dP − delta)           delta_i = rowsum(dO ∘ O)_i
     dQ = sm_scale · dS K            dK = sm_scale · dSᵀ Q
 
-Nothing of size N_q × N_k is stored: P is recomputed block by block from the saved
-log-sum-exp, P = exp2(qk · sm_scale·log2 e - lse·log2 e). Three kernels:
+for q, o, do (B, H, N_q, D) and k, v (B, H_kv, N_k, D); dK and dV of a K/V head sum over its GQA
+group. P is recomputed block by block from the forward's lse: nothing of size N_q × N_k is kept.
 
-1. ``_bwd_preprocess_kernel``: delta = rowsum(dO ∘ O) and lse₂ = lse·log2 e, with lse = -inf (a
-   row that sees no key) turned into +inf so that exp2(s - lse₂) = 0 without NaN.
-2. ``_bwd_dkdv_kernel``: one program per BLOCK_N1 keys of a K/V head. K and V stay on chip
-   while the Q, dO blocks of every query head of the GQA group stream past; it computes Pᵀ
-   directly as exp2(K·Qᵀ·scale - lse₂), so no large tile is transposed, and writes dK and dV
-   once, summed over the group.
-3. ``_bwd_dq_kernel``: one program per BLOCK_M2 query rows; the K, V blocks stream past.
+Three kernels, and their grids:
 
-Causal (bottom-right aligned: query i sees key j <= i + N_k - N_q): each program visits only the
-blocks that can be non-zero, in two stages, a masked band along the diagonal (narrower blocks,
-MASK_BLOCK = BLOCK / MASK_FACTOR) and an unmasked stage for the blocks wholly below it. Ragged
-N_q and N_k: a masked tail block; rows past N_q load lse₂ = +inf, so their P is exactly 0.
-Non-causal: every program walks the whole range with no causal mask at all.
+1. ``_bwd_preprocess_kernel``, grid (⌈N_q / BLOCK⌉, B·H): delta = rowsum(dO ∘ O) and
+   lse₂ = lse · log2 e (−inf, a row that sees no key, becomes +inf so that its P is 0).
+2. ``_bwd_dkdv_kernel``, grid (⌈N_k / BLOCK_N1⌉, splits·B·H_kv): K and V blocks stay on chip
+   while the Q and dO blocks of every query head of the group stream past; four ``tl.dot``
+   per block pair (Pᵀ, dPᵀ, dV, dK); dK and dV written once. Where that grid is too small to
+   fill the GPU, the group is split over ``splits`` programs writing fp32 partial sums.
+3. ``_bwd_dq_kernel``, grid (⌈N_q / BLOCK_M2⌉, B·H): a Q block stays, K and V stream past;
+   three ``tl.dot`` (S, dP, dQ).
 
-GQA: dK/dV of a K/V head is the sum over its group's query heads. The dK/dV program loops over
-the group's heads itself (each K/V block is loaded once, no atomics, no buffer). Where that
-grid would be too small to fill the GPU (few K/V heads, short N_k), the group is split over
-``splits`` programs that write fp32 partial sums, added on the host.
+So seven matmuls per block pair where the reporting convention (FLOPs = 2.5 × forward) counts
+five: S and dP are computed twice, in exchange for no atomics and a deterministic result.
+Causal (bottom-right) programs visit only blocks that can be non-zero: a masked band along the
+diagonal, then unmasked blocks; ragged ends are masked.
 
-Configurations: ``GPU_CONFIGS`` names one per head dim (used below AUTOTUNE_MIN_N); longer
-sequences autotune each main kernel over three candidates per head dim (``DKDV_CONFIGS``,
-``DQ_CONFIGS``, pruned by ``keep_bwd_config_for_head_dim``); the interpreter runs
-``INTERPRETER_CONFIG``. fp16 and bf16 on a GPU; fp32 and fp16 in the interpreter (bf16 refused),
-and fp64 there too, for ``torch.autograd.gradcheck`` (its accumulators follow the input).
+Configurations: ``GPU_CONFIGS`` by head dim below ``AUTOTUNE_MIN_N``, the autotuner over
+``DKDV_CONFIGS`` and ``DQ_CONFIGS`` above it, ``INTERPRETER_CONFIG`` in the interpreter (fp32,
+fp16 and fp64 there, for ``torch.autograd.gradcheck``).
 
-Measured speed (NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22;
-fp16, B·N = 32k, H·D = 2048; backward FLOPs = 2.5 x forward;
-only the backward timed; course_lib/data/attention_bwd.json), TFLOP/s:
+Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22 (fp16, B·N = 32k,
+H·D = 2048, only the backward timed, every provider called eagerly, ``do_bench`` median;
+FLOPs 2.5 × 4·B·H·N²·D; course_lib/data/attention_bwd.json):
 
-    D   causal      N   v2 backward   SDPA FLASH   SDPA cuDNN   v2 / FLASH
-    64  no       4096         317.8        271.6        408.8         1.17
-    64  no      16384         332.1        289.6        452.5         1.15
-    64  yes      4096         304.4        235.5        356.6         1.29
-    64  yes     16384         328.5        275.9        421.6         1.19
-   128  no       4096         349.8        286.9        504.3         1.22
-   128  no      16384         345.7        305.4        539.4         1.13
-   128  yes      4096         320.0        263.0        430.1         1.22
-   128  yes     16384         355.5        311.3        501.5         1.14
+* D 64, N 16k, non-causal: 329 TFLOP/s, 1.14x SDPA FLASH_ATTENTION, 0.73x SDPA CUDNN_ATTENTION
+* D 128, N 16k, non-causal: 346 TFLOP/s, 1.13x SDPA FLASH_ATTENTION, 0.64x SDPA CUDNN_ATTENTION
 
-Ahead of FlashAttention-2 everywhere, behind cuDNN (0.64-0.85x at N >= 4k): the separate dK/dV
-and dQ kernels compute S and dP twice (7 matmuls where the FLOP formula counts 5).
+How the numbers came about: course_lib/data/perf_notes.md.
 """
 from __future__ import annotations
 
@@ -67,9 +52,8 @@ import triton
 import triton.language as tl
 
 from course_lib._device import INTERPRET, refuse_bf16_in_interpreter
-from course_lib.kernels.flash_v2 import (
+from course_lib.kernels.attention_common import (
     AUTOTUNE_MIN_N,
-    _flash_attn_v2_forward,
     _q_block_program,
     dot_precision,
     interpreter_errstate,
@@ -484,36 +468,5 @@ def flash_attn_v2_backward(do, q, k, v, o, lse, causal, sm_scale, config: BwdCon
     return dq, dk, dv
 
 
-# --------------------------------------------------------------------------------------------
-# Autograd
-# --------------------------------------------------------------------------------------------
-class FlashAttnV2Function(torch.autograd.Function):
-    """``flash_attn_v2`` with a backward: saves q, k, v, O and the lse (never P).
-
-    Called by ``course_lib.kernels.flash_v2.flash_attn_v2`` on validated inputs when a gradient
-    is needed. Returns O, or (O, lse) with the lse marked non-differentiable.
-    """
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal, sm_scale, return_lse=False, impl=None):
-        sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else float(sm_scale)
-        q, k, v = (t.contiguous() for t in (q, k, v))
-        o, lse = _flash_attn_v2_forward(q, k, v, causal, sm_scale, impl=impl)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal = bool(causal)
-        ctx.sm_scale = sm_scale
-        if return_lse:
-            ctx.mark_non_differentiable(lse)
-            return o, lse
-        return o
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, do, *_unused_dlse):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = flash_attn_v2_backward(do, q, k, v, o, lse, ctx.causal, ctx.sm_scale)
-        return dq, dk, dv, None, None, None, None
-
-
-__all__ = ["FlashAttnV2Function", "flash_attn_v2_backward", "BwdConfig", "GPU_CONFIGS",
+__all__ = ["flash_attn_v2_backward", "BwdConfig", "GPU_CONFIGS",
            "INTERPRETER_CONFIG", "default_config", "choose_splits"]

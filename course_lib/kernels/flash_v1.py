@@ -34,19 +34,11 @@ Why it is slower than v2 (``course_lib.kernels.flash_v2``), in numbers the lesso
   splits over Q blocks.
 * **Work.** A division (normalisation) and two rescales per step instead of one at the end.
 
-Measured speed (NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22;
-fp16 forward, B·N = 32k, H·D = 2048,
-FLOPs = 4·B·H·N²·D, half for causal; course_lib/data/attention_fwd.json):
-
-    D   causal      N   v1 TFLOP/s   v2 TFLOP/s   v1 / v2
-    64  no       4096         64.6        408.3      0.16
-    64  no      16384         27.2        421.6      0.06
-   128  no       4096         52.6        516.6      0.10
-   128  no      16384         17.5        487.2      0.04
-
-v1 slows down as N grows: B·H programs only (64 at N = 16k for 132 SMs), and O, l, m cross
-HBM once per K/V block: 10.8 GB of DRAM traffic at the Figure 2 shape against v2's 0.53 GB
-(course_lib/data/hbm.json).
+Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22 (fp16, B·N = 32k,
+H·D = 2048; called eagerly, ``do_bench`` median; FLOPs 4·B·H·N²·D;
+course_lib/data/attention_fwd.json): D 128, N 16k, non-causal: 18 TFLOP/s, 0.04x the portable v2.
+It slows down as N grows: B·H programs only, and O, l, m cross HBM once per K/V block (at the
+FlashAttention paper's Figure 2 shape, 20x the minimum DRAM bytes; course_lib/data/hbm.json).
 """
 from __future__ import annotations
 
@@ -58,8 +50,8 @@ import triton
 import triton.language as tl
 
 from course_lib._device import INTERPRET
-from course_lib.kernels._validate import check_attention_inputs, check_sm_scale
 from course_lib.reference import LOG2E
+from course_lib.validate import check_attention_inputs, check_sm_scale
 
 
 @triton.jit

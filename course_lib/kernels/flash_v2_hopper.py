@@ -1,59 +1,43 @@
-"""FlashAttention-2 forward tuned for Hopper (sm_90): the FlashAttention-3 ideas Triton exposes.
+"""FlashAttention-2 forward for Hopper (sm_90): the FlashAttention-3 ideas that Triton exposes.
 
-Introduced in notebooks/09_hopper.ipynb. Same algorithm and API as ``flash_v2.py`` (it is
-reached through ``flash_attn_v2(..., impl="hopper")``, chosen automatically on sm_90); what
-changes is how tiles reach shared memory and how deep the pipeline runs:
+Introduced in notebooks/09_hopper.ipynb. Same function as the portable kernel (``flash_v2.py``),
+called through ``course_lib.ops.flash_attn_v2``, which picks this kernel on sm_90 for head dims
+of 64 and more when the inputs suit TMA. The launcher is ``forward_hopper``.
 
-1. **TMA tensor descriptors.** Q, K, V and O are described once on the host as 4-D tensors
-   (B, H, N, D) with ``triton.tools.tensor_descriptor.TensorDescriptor``. A tile load is one
-   bulk-copy instruction issued by a single thread (``cp.async.bulk.tensor``) instead of
-   every thread computing addresses: registers and issue slots go to the matrix units. The copy
-   engine clips at the tensor's bounds, so ragged N_q and N_k need no load masks at all (rows
-   past the end arrive as zeros, stores past the end are dropped).
-2. **Software pipelining.** ``num_stages`` K/V tiles are in flight while the tensor cores work
-   on the current one; Hopper's 228 KB of shared memory per SM allows 2 to 4 stages at
-   HEAD_DIM 128. The depth is autotuned per head dim together with the tile shape and warps.
-3. **wgmma.** On sm_90 Triton lowers ``tl.dot`` of shared-memory tiles to warp-group MMA
-   (HGMMA in the SASS), which is what makes the larger 128 x 128 tiles pay.
-4. **Q in registers** (``Q_IN_REGS``). wgmma reads B from shared memory and A from shared memory
-   or registers. Fed straight from its TMA load, Q would be read from shared memory by every
-   QK^T, next to K. Passed through registers once (multiplied by a run-time 1.0, which is exact),
-   it stays there for the whole loop: QK^T then reads only K from shared memory, and Q's buffer
-   is freed for the K/V stages (D 64, 128x64 s3: 48.1 instead of 65.0 KiB).
-5. **Row sums on the tensor cores** (``ROWSUM_MMA``, D 128 with 64 x 64 tiles). The softmax's
-   row sums l are P @ ones, accumulated by a second ``tl.dot`` next to P @ V: one FP32 add per
-   score element leaves the loop (313 instead of 337 SASS instructions per thread and key block)
-   for 1/16 more MMA work. P enters the MMA rounded to fp16/bf16, so O is divided by exactly the
-   weights that multiplied V, and the lse is off by at most the unit roundoff (``lse_rounding``).
-6. **Pinned max** (``PINNED_MAX``, every kept config). The first key block runs the usual
-   online-softmax step; its row max then stays the reference for the rest of the row:
-   p = 2^(s - m0). The result does not depend on the reference, and fp16 holds P up to 65504,
-   so this is exact while no later score passes m0 by 16 (log2 units). No row-max reduction,
-   no α and no rescaling of O per block (349 instead of 509 SASS instructions per thread and
-   key block at D 64). A later score past that bound makes P inf, the accumulator inf or NaN;
-   the program checks once after its loop and runs again with the running max.
+What it computes. The same as ``flash_v2.py``: O = softmax(sm_scale · QKᵀ [causal, bottom-right])
+·V and the lse per row, with GQA; O = 0 and lse = −inf for a row that sees no key.
 
-Strided inputs work as long as the last dim is contiguous and the other strides are multiples
-of 16 bytes (TMA's rule); otherwise ``flash_attn_v2`` falls back to the portable kernel.
-The kernel also runs in Triton's interpreter (descriptors are emulated), so CPU tests cover it;
-there it runs the same switches (Q_IN_REGS, ROWSUM_MMA, PINNED_MAX) as the GPU's first config,
-with small tiles.
+Grid. (⌈N_q / BLOCK_M⌉, B·H), the portable kernel's order (``attention_common._q_block_program``).
 
-Measured speed (NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22;
-fp16 forward; course_lib/data/attention_fwd.json, sixth sweep, 5 interleaved rounds), TFLOP/s
-and ratio to SDPA FLASH_ATTENTION at N 4k / 8k / 16k: D 64 non-causal 489 / 504 / 515
-(1.58 / 1.62 / 1.64), causal 417 / 465 / 468 (1.47 / 1.55 / 1.51); D 128 non-causal
-536 / 558 / 554 (1.58 / 1.63 / 1.60), causal 471 / 506 / 553 (1.53 / 1.56 / 1.67). Against
-SDPA CUDNN_ATTENTION: 1.04-1.17 at D 64, 0.93-1.02 at D 128.
-What each change bought, as paired ratios (every round SDPA FLASH, the variant, FLASH again):
-Q in registers x1.02-1.10 at D 64, x0.97-1.05 at D 128 (hopper_q_in_regs.json). At D 64 TMA pays
-only with 64-wide key tiles. At D 128, 64 x 64 tiles with 4 warps beat 128 x 128 with 8 warps by
-7-25% up to N 8k (hopper_tiles.json): two such programs share an SM and overlap each other's
-softmax with their MMAs. Row sums on the tensor cores: +3.2% median with 64 x 64 tiles at D 128
-(hopper_rowsum.json). Pinned max: +11.6% median at D 64 (6 points, +10.7 to +17.1%), +9.3% at
-D 128 (64 x 64, l-MMA), +3.5% at D 256; the worst case, where every program runs twice, 0.50-0.55x
-(hopper_pinned.json). Every kernel measured ran at the board's 700 W power cap (nvidia-smi:
-"SW power cap").
+Memory plan.
+
+1. TMA descriptors. Q, K, V and O are described once on the host as (B, H, N, D) tensors
+   (``TensorDescriptor``); a tile load is one bulk copy issued by one thread, clipped at the
+   tensor's bounds, so ragged N_q and N_k need no load masks. Inputs must have a contiguous last
+   dim and 16-byte-aligned strides (``tma_compatible``).
+2. Software pipelining: ``num_stages`` K/V tiles in flight while the tensor cores (wgmma, HGMMA
+   in the SASS) work on the current one; each stage costs 2·BLOCK_N·D·2 bytes of shared memory.
+3. Q in registers (``Q_IN_REGS``): Q passes through registers once (times a run-time 1.0), so
+   every QKᵀ reads only K from shared memory, and Q's buffer is free for the K/V stages.
+4. Row sums on the tensor cores (``ROWSUM_MMA``, D 128): l accumulates P·1 next to P·V.
+5. Pinned max (``PINNED_MAX``, the course's own change): after the first key block its row max
+   stays the reference, so there is no row max, no α and no rescaling per block; a later score
+   more than 16 (log2) above it makes P inf, and the program reruns with the running max.
+
+One config per head dim, the one that measured best (``keep_hopper_config``): 128 x 64 tiles at
+D 64, 64 x 64 with row sums on the tensor cores at D 128, 64 x 64 with 2 stages at D 256.
+
+Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22 (fp16, B·N = 32k,
+H·D = 2048; every provider called eagerly, ``do_bench`` median of 5 interleaved rounds; FLOPs
+4·B·H·N²·D, half for causal; course_lib/data/attention_fwd.json):
+
+* D 64, N 16k, non-causal: 515 TFLOP/s, 1.64x SDPA FLASH_ATTENTION, 1.17x SDPA CUDNN_ATTENTION
+* D 64, N 16k, causal: 468 TFLOP/s, 1.51x SDPA FLASH_ATTENTION, 1.05x SDPA CUDNN_ATTENTION
+* D 128, N 16k, non-causal: 554 TFLOP/s, 1.60x SDPA FLASH_ATTENTION, 0.95x SDPA CUDNN_ATTENTION
+* D 128, N 16k, causal: 553 TFLOP/s, 1.67x SDPA FLASH_ATTENTION, 1.02x SDPA CUDNN_ATTENTION
+
+What each change bought, and what was tried and dropped: notebook 09's case study and
+course_lib/data/perf_notes.md.
 """
 from __future__ import annotations
 
@@ -62,8 +46,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from course_lib.kernels.flash_v2 import (
-    LOG2E,
+from course_lib.kernels.attention_common import (
     _causal_bounds,
     _epilogue,
     _online_softmax_step,
@@ -73,6 +56,7 @@ from course_lib.kernels.flash_v2 import (
     dot_precision,
     launch,
 )
+from course_lib.reference import LOG2E
 
 ROWSUM_COLS = tl.constexpr(16)  # width of the ones tile of ROWSUM_MMA: the narrowest tl.dot takes
 
@@ -248,19 +232,13 @@ HOPPER_CONFIGS = [
     _cfg(64, 64, 4, 2, False, False, True),
 ]
 # Which config each head dim runs, as (BLOCK_M, BLOCK_N, warps, stages, Q_IN_REGS, ROWSUM_MMA,
-# PINNED_MAX). Until session 5 the rows were per (head dim, causal), with two candidates for
-# some; since session 6 one config per head dim, causal or not: in paired measurements (every round
-# SDPA FLASH, each config, FLASH again; 5 to 9 rounds; course_lib/data/hopper_tiles.json,
-# hopper_rowsum.json, hopper_pinned.json) it beat every other candidate at every N of the
-# benchmark, and the autotuner, timing each candidate once, sometimes crowned a loser:
-# * D 64: 128 x 64 tiles (two programs per SM), Q in registers, pinned max: +11-16% over the
-#   same tiles with the running max. 64 x 64 tiles lost 1-4% causal, 128-wide key tiles lost
-#   at D 64 (309 against 423 TFLOP/s), row sums on the tensor cores tied.
-# * D 128: 64 x 64 tiles (4 warps) beat 128 x 128 (8 warps) at N 1k-8k by 7-25% and are even at
-#   16k (two small programs share an SM, so one's softmax overlaps the other's MMA); row sums on
-#   the tensor cores +3.5% (12 paired points); pinned max another +5-13%.
-# * D 256: 64 x 64 tiles, 2 stages, Q in shared memory (the only fit); pinned max +2-5%.
-# * Q in registers gains 2-10% at D 64 and nothing at D 128 (hopper_q_in_regs.json).
+# PINNED_MAX): one per head dim, causal or not, chosen by paired measurements (every round SDPA
+# FLASH, each config, FLASH again; course_lib/data/hopper_tiles.json, hopper_rowsum.json,
+# hopper_pinned.json): the best or within the runs' spread of the best at every shape measured
+# (notebook 09's case study prints where it is not first). With one candidate the autotuner
+# cannot crown a loser, which timing each candidate once sometimes did. Why each: D 64, 128 x 64
+# tiles, two programs per SM; D 128, 64 x 64 tiles, two programs per SM overlapping one's softmax
+# with the other's MMAs, row sums on the tensor cores; D 256, the only tiles that fit.
 _HOPPER_KEEP = {
     64: [(128, 64, 4, 3, True, False, True)],
     128: [(64, 64, 4, 3, True, True, True)],

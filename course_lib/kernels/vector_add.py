@@ -3,6 +3,9 @@
 Introduced in notebooks/00_setup.ipynb. It shows the anatomy every later kernel shares:
 program id -> offsets -> masked load -> compute -> masked store, and a wrapper that checks
 inputs and launches a grid of ``triton.cdiv(n, BLOCK_SIZE)`` programs.
+
+Speed: not benchmarked. It reads two numbers and writes one per element, so on a GPU it runs at
+memory bandwidth; it is here for its shape, not its speed.
 """
 import torch
 import triton

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from course_lib._device import DEVICE
-from course_lib.kernels.flash_v2 import _causal_bounds
+from course_lib.kernels.attention_common import _causal_bounds
 
 SKIPPED, UNMASKED, MASKED = 0, 1, 2
 KINDS = ("skipped", "unmasked", "masked")

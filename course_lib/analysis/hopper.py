@@ -14,7 +14,7 @@ Introduced in notebooks/09_hopper.ipynb, next to ``course_lib.kernels.flash_v2_h
   tensor, to show the copy engine clipping (no masks);
 * ``load_probe``: the first H100 measurement, the table committed in
   ``course_lib/data/perf_notes.md``, as a result dict that ``bench.plots.plot_attention`` and
-  ``flash_v2_plan.speed_rows`` read like a stored benchmark;
+  ``analysis.flash_v2.speed_rows`` read like a stored benchmark;
 * ``launch_config``: run one kernel with one fixed config (on a GPU it returns the compiled
   kernel: shared memory, registers, SASS).
 
@@ -31,46 +31,25 @@ import torch
 import triton
 import triton.language as tl
 
-from course_lib._device import DEVICE, INTERPRET
+from course_lib._device import DEVICE
+from course_lib.analysis.flash_v2 import PERF_NOTES
+from course_lib.bench.kernel_configs import (  # noqa: F401 (the lesson reads them here)
+    config_label,
+    count_instructions,
+    launch_config,
+    smem_bytes,
+)
 from course_lib.hardware import GPUSpec, get_gpu
-from course_lib.kernels.flash_v2_plan import PERF_NOTES, grid
 
 # ---------------------------------------------------------------------------------------------
 # shared memory per pipeline stage
 # ---------------------------------------------------------------------------------------------
 
 
-def smem_bytes(BLOCK_M: int, BLOCK_N: int, D: int, stages: int, elem_bytes: int = 2,
-               q_in_regs: bool = False) -> dict:
-    """Shared memory of one program's tiles: Q once, and per stage one K and one V tile.
-
-    An estimate of what the software pipeline keeps in flight: the compiler may need a little
-    more (barriers, layout conversions, the output tile of the TMA store) or reuse some. With
-    ``q_in_regs`` the Q tile lives in registers for the loop and its buffer is reused (measured
-    on an H100: 128x64 s3 at D 64 needs 48.1 KiB with Q in registers, 65.0 KiB without).
-    """
-    q = 0 if q_in_regs else BLOCK_M * D * elem_bytes
-    per_stage = 2 * BLOCK_N * D * elem_bytes  # K tile + V tile
-    return {"q": q, "per_stage": per_stage, "stages": stages, "total": q + stages * per_stage}
-
-
 def max_stages(BLOCK_M: int, BLOCK_N: int, D: int, budget_bytes: int, elem_bytes: int = 2) -> int:
     """The deepest pipeline whose tiles fit in ``budget_bytes`` (0 if not even the Q tile fits)."""
     left = budget_bytes - BLOCK_M * D * elem_bytes
     return max(0, left // (2 * BLOCK_N * D * elem_bytes))
-
-
-def config_label(cfg) -> str:
-    """"128x64 w4 s3": tile shape, warps, stages; " Q smem" where Q is not held in registers,
-    " l-MMA" where the tensor cores sum the rows of P (``ROWSUM_MMA``), " pinned" where the
-    first key block's row max stays the reference (``PINNED_MAX``)."""
-    k = cfg.kwargs
-    label = f"{k['BLOCK_M']}x{k['BLOCK_N']} w{cfg.num_warps} s{cfg.num_stages}"
-    if not k.get("Q_IN_REGS", True):
-        label += " Q smem"
-    if k.get("ROWSUM_MMA", False):
-        label += " l-MMA"
-    return label + " pinned" if k.get("PINNED_MAX", False) else label
 
 
 def config_rows(configs=None, head_dims=(64, 128, 256), gpu: str | GPUSpec = "H100-SXM",
@@ -296,7 +275,7 @@ _PROBE_COLUMNS = {"portable": "v2-portable", "hopper (TMA)": "v2-hopper",
 def parse_probe_table(text: str, heading: str = "Forward, probe 1") -> dict:
     """The markdown table under the heading that contains ``heading``, as a result dict shaped
     like ``python -m course_lib.bench attention``'s (providers, rows with results → tflops)."""
-    from course_lib.kernels.flash_v2_plan import markdown_table
+    from course_lib.analysis.flash_v2 import markdown_table
 
     table = markdown_table(text, heading)
     head = list(table[0])
@@ -349,64 +328,6 @@ def _probe_figure():
 # ---------------------------------------------------------------------------------------------
 # one kernel, one fixed config
 # ---------------------------------------------------------------------------------------------
-
-def launch_config(impl: str, q, k, v, causal: bool, config, sm_scale: float | None = None,
-                  out=None):
-    """Run the ``impl`` kernel ("portable" or "hopper") with one ``triton.Config``, no autotune.
-
-    Returns (o, lse, compiled): ``compiled`` is Triton's compiled kernel on a GPU (its
-    ``metadata.shared`` bytes, ``n_regs``, ``n_spills``, ``asm["sass"]``), None in the
-    interpreter.
-    """
-    from course_lib.kernels import flash_v2 as v2
-    from course_lib.kernels import flash_v2_hopper as hop
-
-    B, H, N_Q, D = q.shape
-    H_KV, N_K = k.shape[1], k.shape[2]
-    sm_scale = D ** -0.5 if sm_scale is None else sm_scale
-    o, lse = v2.allocate_outputs(q, out)  # ``out``: preallocated (o, lse), e.g. NaN-poisoned
-    blocks = dict(config.kwargs)
-    if impl == "portable":  # Hopper-only switches mean nothing to the portable kernel
-        blocks.pop("Q_IN_REGS", None)
-        blocks.pop("ROWSUM_MMA", None)
-        blocks.pop("PINNED_MAX", None)
-    meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": v2.dot_precision(q.dtype),
-            **blocks, "num_warps": config.num_warps, "num_stages": config.num_stages}
-    grid_ = grid(B, H, N_Q, config.kwargs["BLOCK_M"])  # the wrappers' grid, Q blocks on axis 0
-    bucket = triton.next_power_of_2(max(N_Q, N_K))
-    if impl not in ("portable", "hopper"):
-        raise ValueError(f"impl must be 'portable' or 'hopper', got {impl!r}")
-    with _interpreter_quiet():
-        if impl == "portable":
-            compiled = v2._flash_fwd_v2_kernel[grid_](
-                q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                *o.stride()[:3], sm_scale * v2.LOG2E, H, H // H_KV, N_Q, N_K, bucket, **meta)
-        else:
-            descs = [hop._descriptor(t, 16) for t in (q, k, v, o)]
-            hop._set_block_shapes({**meta, **dict(zip(("desc_q", "desc_k", "desc_v", "desc_o"),
-                                                      descs))})
-            compiled = hop._flash_fwd_v2_hopper_kernel[grid_](
-                *descs, lse, sm_scale * v2.LOG2E, 1.0, H, H // H_KV, N_Q, N_K, bucket, **meta)
-    return o, lse, (compiled if DEVICE == "cuda" else None)
-
-
-def _interpreter_quiet():
-    """NumPy's floating-point warnings off while the interpreter runs a kernel (a no-op on a
-    GPU). The interpreter computes every lane with NumPy, and the kernels compute values on
-    purpose that NumPy warns about: exp2 overflowing to inf where a pinned max is passed by more
-    than 16 (the program then reruns with the running max), log2(0) for rows that see no key."""
-    import contextlib
-
-    import numpy as np
-
-    return (np.errstate(divide="ignore", invalid="ignore", over="ignore") if INTERPRET
-            else contextlib.nullcontext())
-
-
-def count_instructions(sass: str, opcode: str) -> int:
-    """How many SASS lines use ``opcode`` (e.g. "HGMMA", "MUFU.EX2", "UTMALDG")."""
-    return sum(1 for ln in sass.splitlines() if re.search(rf"\b{re.escape(opcode)}\b", ln))
-
 
 def autotune_bucket(N_q: int, N_k: int) -> int:
     """The length bucket in the autotune key: next power of two of max(N_q, N_k)."""

@@ -68,3 +68,34 @@ def check_sm_scale(sm_scale, D: int) -> float:
     if not (sm_scale > 0 and sm_scale < float("inf")):
         raise ValueError(f"sm_scale must be positive and finite, got {sm_scale}")
     return sm_scale
+
+
+def check_int_vector(name: str, t, length: int, device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of int32, got {type(t).__name__}")
+    if t.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must hold integers (int32), got {t.dtype}")
+    if t.ndim != 1 or t.shape[0] != length:
+        raise ValueError(f"{name} must have shape ({length},) (one length per sequence), "
+                         f"got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q is on {device}")
+
+
+def check_block_table(block_table, cache_seqlens, num_blocks, block_size, capacity):
+    """ValueError if a length exceeds the table or a block id a sequence uses is out of range."""
+    lens = cache_seqlens.to(torch.int64)
+    lo, hi = int(lens.min()), int(lens.max())
+    if lo < 0 or hi > capacity:
+        raise ValueError(f"cache_seqlens must lie in [0, {capacity}] (block_table's "
+                         f"{block_table.shape[1]} blocks × block_size {block_size}), "
+                         f"got values in [{lo}, {hi}]")
+    used_blocks = (lens + block_size - 1) // block_size  # (B,)
+    cols = torch.arange(block_table.shape[1], device=block_table.device)
+    used = cols[None, :] < used_blocks[:, None]  # (B, max_blocks)
+    bad = used & ((block_table < 0) | (block_table >= num_blocks))
+    if bool(bad.any()):
+        b, j = (int(x) for x in bad.nonzero()[0])
+        raise ValueError(f"block_table[{b}, {j}] = {int(block_table[b, j])} is not a block id "
+                         f"in [0, {num_blocks}) (num_blocks of k_pages), and sequence {b} "
+                         f"uses that block")

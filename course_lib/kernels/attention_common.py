@@ -1,0 +1,162 @@
+"""What the FlashAttention-2 kernels share: the online-softmax step, the causal key range, the
+epilogue, the program coordinates, and how a kernel is launched.
+
+Introduced in notebooks/08_triton_flash_v2.ipynb. Imported by the portable forward
+(``flash_v2.py``), the Hopper forward (``flash_v2_hopper.py``) and the backward (``flash_bwd.py``),
+so that none of them imports another: each kernel file holds one version's ``@triton.jit`` code
+and its launcher.
+
+* ``_softmax_scores``, ``_online_softmax_step``: one step of the online softmax on a
+  (BLOCK_M, BLOCK_N) score tile in base 2 (``qk_scale = sm_scale · log2 e``), masked or not;
+* ``_causal_bounds``: a Q block's key range, [0, lo_masked) without a mask, [lo_masked, hi)
+  with one (bottom-right causal: query i sees keys j <= i + N_k − N_q);
+* ``_epilogue``: the one division O = acc / l, and lse = (m + log2 l) · ln 2;
+* ``_q_block_program``: which Q block and head a program owns (Q blocks fastest, GQA heads
+  neighbours, causal grids longest rows first);
+* ``launch``: interpreter blocks, a fixed config, or the autotuner, by length.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from course_lib._device import INTERPRET
+
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis, which carries batch x heads
+
+
+@triton.jit
+def _softmax_scores(qk, m_i, valid, qk_scale, MASKED: tl.constexpr):
+    """The exponentials of one (BLOCK_M, BLOCK_N) score tile: (p, α, m_new).
+
+    ``qk`` holds raw q·k; ``p`` is e^{s - m_new} in the exp2 domain and α = e^{m_old - m_new}
+    rescales what was accumulated before. With MASKED, entries where ``valid`` is False count as
+    -inf, and a row with no valid entry so far keeps m = -inf (p = α = 0) without producing NaN.
+    """
+    if MASKED:
+        s = tl.where(valid, qk * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # fully masked row: no NaN
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+    return p, alpha, m_new
+
+
+@triton.jit
+def _online_softmax_step(qk, m_i, l_i, acc, valid, qk_scale, MASKED: tl.constexpr):
+    """One step of the online softmax on a (BLOCK_M, BLOCK_N) score tile.
+
+    Returns (p, m_new, l_new, acc rescaled by α); see ``_softmax_scores`` for p, α and masking.
+    """
+    p, alpha, m_new = _softmax_scores(qk, m_i, valid, qk_scale, MASKED)
+    l_new = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    return p, m_new, l_new, acc
+
+
+@triton.jit
+def _causal_bounds(start_m, N_Q, N_K, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+    """Key range of a Q block: [0, lo_masked) needs no mask, [lo_masked, hi) does.
+
+    Causal is bottom-right aligned: query i sees keys j <= i + N_K - N_Q.
+    """
+    if CAUSAL:
+        offset = N_K - N_Q
+        hi = tl.minimum(N_K, start_m + BLOCK_M + offset)  # last key any row of the block sees
+        full = tl.maximum(start_m + offset + 1, 0)  # keys every row of the block sees
+        lo_masked = tl.minimum((full // BLOCK_N) * BLOCK_N, tl.maximum(hi, 0))
+    else:
+        hi = N_K
+        lo_masked = (N_K // BLOCK_N) * BLOCK_N
+    return lo_masked, hi
+
+
+@triton.jit
+def _epilogue(acc, m_i, l_i):
+    """Deferred normalisation: O = acc / l once; lse = ln(Σ e^s) = (m + log2 l)·ln 2."""
+    empty = l_i == 0.0  # rows that saw no key
+    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_i)) * 0.6931471805599453)
+    return o, lse
+
+
+@triton.jit
+def _q_block_program(H, GROUP, CAUSAL: tl.constexpr):
+    """Which Q block and head this program owns: (pid_m, pid_bh, b, h, h_kv).
+
+    Q blocks vary fastest (axis 0): a head's K/V stays hot in L2. The heads of a GQA group are
+    neighbours on axis 1. Causal grids run the longest rows first, for better load balance at
+    the tail of the grid. Shared by the forward kernels and the backward's dQ kernel.
+    """
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    b = pid_bh // H
+    h = pid_bh % H
+    return pid_m, pid_bh, b, h, h // GROUP
+
+
+# Autotuning compiles every kept config once per (head dim, causal, dtype, group) and times
+# them once per length bucket: worth it for long sequences only. Shorter problems (and the
+# first call of every new shape in a test-suite) use the first kept config directly.
+AUTOTUNE_MIN_N = 2048
+INTERPRETER_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 16}
+
+def launch(kernel, tuned, configs, keep, grid_of, args, meta, n_bucket, prepare=None):
+    """Launch ``kernel`` in one of three ways: interpreter blocks, a fixed config, or autotuned.
+
+    ``grid_of(BLOCK_M)`` gives the grid. ``prepare(blocks)`` readies a fixed config's launch the
+    way the autotuner's config pre-hook readies a tuned one (the TMA descriptors' block shapes).
+    """
+    if not INTERPRET and n_bucket >= AUTOTUNE_MIN_N:
+        tuned[lambda m: grid_of(m["BLOCK_M"])](*args, **meta)
+        return
+    cfg = keep(configs, {}, **meta)[0]
+    if INTERPRET:  # the GPU's code path (Q_IN_REGS, ROWSUM_MMA, ...) with small tiles
+        blocks, options = {**cfg.kwargs, **INTERPRETER_BLOCKS}, {}
+    else:
+        blocks, options = cfg.kwargs, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    if prepare is not None:
+        prepare(blocks)
+    with interpreter_errstate():
+        kernel[grid_of(blocks["BLOCK_M"])](*args, **meta, **blocks, **options)
+
+
+def interpreter_errstate():
+    """NumPy's floating-point warnings off while the Triton interpreter runs a kernel of ours.
+
+    The interpreter computes with NumPy on every lane, the branch ``tl.where`` discards
+    included, and NumPy warns (a red box in a notebook) about values the kernel computes on
+    purpose and then drops. Expected here: in ``_epilogue``, log2(0) = -inf for the rows that
+    see no key (bottom-right causal with N_q > N_k: l = 0, and their lse is -inf by design);
+    in the backward (flash_bwd.py), exp2 overflowing to inf in the scores past the causal
+    diagonal before ``tl.where`` sets them to 0 (large ``sm_scale``). What the kernels return
+    does not change; on a GPU nothing is computed by NumPy, so this is a no-op there.
+    """
+    if INTERPRET:
+        return np.errstate(divide="ignore", invalid="ignore", over="ignore")
+    return contextlib.nullcontext()
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 (and fp64) inputs get exact dots ("ieee"); TF32 would fail the 2x error rule."""
+    return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
+
+
+def allocate_outputs(q, out=None):
+    """O (B, H, N_q, D) in q's dtype and lse (B, H, N_q) fp32; tests pass NaN-poisoned ``out``."""
+    if out is not None:
+        return out
+    B, H, N_Q, D = q.shape
+    return (torch.empty((B, H, N_Q, D), dtype=q.dtype, device=q.device),
+            torch.empty((B, H, N_Q), dtype=torch.float32, device=q.device))

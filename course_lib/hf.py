@@ -31,12 +31,14 @@ full yet); padding, packed sequences, sliding windows, or any other pattern rais
 ``NotImplementedError``: the kernels cannot express them, and a silently wrong answer is worse
 than none. Dropout, soft-capping and attention sinks are refused the same way.
 
-torch.compile (which ``generate`` applies on a GPU with a static cache) leaves both functions
-out of its graphs (``torch.compiler.disable``): the kernels run as they are between the
-compiled pieces, and the mask checks may read tensor values.
+torch.compile (which ``generate`` applies on a GPU with a static cache,
+``cache_implementation="static"``) traces both functions: the kernels are ``torch.library``
+operators (``course_lib.ops``) and nothing in the compiled path reads a tensor's value back to
+the host, so a decode step can be one CUDA graph.
 
-``CALLS`` counts the routes taken (``"prefill"``, ``"decode"``), so a test can show that the
-decode steps of ``generate`` really went through ``flash_decode``.
+``CALLS`` counts the routes taken by eager calls (``"prefill"``, ``"decode"``), so a test can
+show that the decode steps of ``generate`` really went through ``flash_decode``; a compiled
+graph shows its kernels as ``course.flash_decode`` nodes instead.
 
 The rest are the capstone's helpers: configs (a small one for the CPU, ~1B parameters for a
 GPU), a random-weight model, greedy decoding with a cache, and the GPU timing of prefill and
@@ -50,18 +52,21 @@ and ``time_decode`` below): prefill of 8192 tokens 54.1 ms with the course kerne
 51.5 ms with SDPA (512 tokens: 10.5 and 10.1 ms); decode 11.3–12.0 ms per token with the
 course kernels and 9.7–11.2 ms with SDPA, about the same at 512 and at 8192 tokens of context:
 bound by the host's work per token (launches, Python, the cache's copies) more than by the GPU's
-attention.
+attention. Compiled, with a static cache and the decode step as a CUDA graph (``time_compiled``;
+course_lib/data/capstone_compiled.json, an H200, both sides in one run), a token takes a fifth to a
+quarter of its eager time on both sides, ours on par with SDPA's; our prefill stays slower
+(notebooks/14_llama_capstone.ipynb, section 7, gives the numbers).
 """
 from __future__ import annotations
 
 import collections
 import time
+import weakref
 
 import torch
 
 from course_lib._device import DEVICE
-from course_lib.kernels.decode import flash_decode
-from course_lib.ops import flash_attn_v2
+from course_lib.ops import flash_attn_v2, flash_decode
 
 try:
     from transformers import AttentionInterface, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
@@ -80,28 +85,32 @@ CALLS: collections.Counter = collections.Counter()
 # the attention function and its mask
 # ---------------------------------------------------------------------------------------------
 
-@torch.compiler.disable  # reads the padding mask's values: keep it out of compiled graphs
 def course_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
                           mask_function=None, attention_mask=None, **kwargs):
     """The mask transformers hands our attention: None for plain causal over the whole cache.
 
     Called once per forward by ``create_causal_mask`` (and by the sliding-window and
-    bidirectional variants). ``attention_mask`` is the 2D (B, past + N_q) padding mask or None.
-    None is returned when the N_q queries are the last N_q of the kv_length keys, every key is
-    real (no padding) and the pattern is the standard causal one; anything else gets the full
-    4D boolean mask from ``sdpa_mask``, which ``course_attention_forward`` inspects.
+    bidirectional variants), and with a static cache once per step by ``generate``. None is
+    returned when the N_q queries are the last N_q of the kv_length keys, every key is real (no
+    padding) and the pattern is the standard causal one; anything else (a static cache, whose
+    keys past the tokens seen so far are empty; padding; another pattern) gets the 4D boolean
+    mask of ``sdpa_mask``, which ``course_attention_forward`` turns into key counts or refuses.
+    Eagerly, knowing that there is no padding reads the 2D mask back (one synchronisation per
+    forward, as transformers' SDPA path does); under ``torch.compile`` nothing is read back.
     """
     from transformers.masking_utils import causal_mask_function
 
     plain_pattern = mask_function is None or mask_function is causal_mask_function
+    compiling = torch.compiler.is_compiling()
+    static_offsets = not any(isinstance(x, torch.Tensor) for x in (q_offset, kv_offset))
+    if plain_pattern and static_offsets and q_offset + q_length == kv_offset + kv_length:
+        if attention_mask is None:
+            return None
+        if (attention_mask.ndim == 2 and attention_mask.shape[-1] == kv_length and not compiling
+                and bool(attention_mask.bool().all())):
+            return None
     if attention_mask is not None and attention_mask.ndim == 2:
         attention_mask = attention_mask.bool()
-        no_padding = attention_mask.shape[-1] == kv_length and bool(attention_mask.all())
-    else:
-        no_padding = attention_mask is None
-    bottom_right = int(q_offset) + q_length == int(kv_offset) + kv_length
-    if plain_pattern and no_padding and bottom_right:
-        return None
     kwargs.pop("allow_is_causal_skip", None)
     if mask_function is not None:
         kwargs["mask_function"] = mask_function
@@ -110,35 +119,59 @@ def course_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset
                      allow_is_causal_skip=False, **kwargs)
 
 
+_NOT_CAUSAL_PREFIX = (
+    "course_kernels supports causal attention without padding only: this attention mask has "
+    "padded tokens, packed sequences or a sliding window. Use attn_implementation='sdpa' for "
+    "such batches (or batch sequences of equal length).")
+_checked_mask: tuple = (None, -1, None)  # the last mask checked eagerly: (weak ref, version, L_b)
+
+
+def _version(t: torch.Tensor):
+    # an in-place change bumps a tensor's version; inference tensors have none (identity only)
+    return None if t.is_inference() else t._version
+
+
 def _keys_in_use(mask: torch.Tensor, n_q: int, n_k: int) -> torch.Tensor:
-    """L_b per sequence if ``mask`` is causal over the first L_b keys of each; else raise.
+    """L_b (B,) int32 if ``mask`` is causal over the first L_b keys of each sequence; else raise.
 
     mask (B or 1, 1 or H, N_q, N_k): boolean (True = attend) or additive float (0 = attend).
+    The counts are computed on the device. Eagerly, the check that the mask has that pattern
+    reads one boolean back, once per mask (every layer of a forward shares it); under
+    ``torch.compile`` it is a device-side assertion, so the compiled graph reads nothing back.
     """
-    allowed = mask if mask.dtype == torch.bool else mask == 0
-    if allowed.ndim != 4 or allowed.shape[-2:] != (n_q, n_k):
+    global _checked_mask
+    if mask.ndim != 4 or mask.shape[-2:] != (n_q, n_k):
         raise NotImplementedError(
             f"course_kernels: unexpected attention mask of shape {tuple(mask.shape)}; expected "
             f"(B, 1, {n_q}, {n_k})")
-    lengths = allowed[:, :1, -1, :].sum(-1).flatten()  # (B,) keys seen by the last query
+    compiling = torch.compiler.is_compiling()
+    if (not compiling and _checked_mask[0] is not None and _checked_mask[0]() is mask
+            and _checked_mask[1] == _version(mask)):
+        return _checked_mask[2]
+    allowed = mask if mask.dtype == torch.bool else mask == 0
+    lengths = allowed[:, 0, -1, :].sum(-1, dtype=torch.int32)  # (B,) keys seen by the last query
     i = torch.arange(n_q, device=mask.device)[:, None]  # (N_q, 1)
     j = torch.arange(n_k, device=mask.device)[None, :]  # (1, N_k)
     expected = j <= lengths[:, None, None] - n_q + i  # (B, N_q, N_k): causal on L_b keys
-    if not torch.equal(allowed, expected[:, None].expand_as(allowed)):
-        raise NotImplementedError(
-            "course_kernels supports causal attention without padding only: this attention mask "
-            "has padded tokens, packed sequences or a sliding window. Use "
-            "attn_implementation='sdpa' for such batches (or batch sequences of equal length).")
+    ok = (allowed == expected[:, None]).all()
+    if compiling:
+        torch._assert_async(ok, _NOT_CAUSAL_PREFIX)
+    else:
+        if not bool(ok):
+            raise NotImplementedError(_NOT_CAUSAL_PREFIX)
+        _checked_mask = (weakref.ref(mask), _version(mask), lengths)
     return lengths
 
 
-@torch.compiler.disable  # Triton kernels with host-side checks: torch.compile runs them as is
 def course_attention_forward(module, query, key, value, attention_mask, scaling=None,
                              dropout=0.0, **kwargs):
     """transformers' attention-function signature, served by the course's Triton kernels.
 
     query (B, H, N_q, D); key, value (B, H_kv, N_k, D), the whole cache after this step's
     update. Returns (attn_output (B, N_q, H, D), None): no attention weights are ever formed.
+    Traceable by ``torch.compile(fullgraph=True)``: the kernels are the operators
+    ``course::flash_attn_fwd`` and ``course::flash_decode``, and under compilation nothing is
+    read back from the device.
     """
     if dropout:
         raise NotImplementedError("course_kernels has no attention dropout: call model.eval() "
@@ -153,6 +186,7 @@ def course_attention_forward(module, query, key, value, attention_mask, scaling=
     is_causal = kwargs.get("is_causal")
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     n_q, n_k = query.shape[2], key.shape[2]
+    compiling = torch.compiler.is_compiling()
 
     lengths = None
     if attention_mask is not None:
@@ -164,19 +198,25 @@ def course_attention_forward(module, query, key, value, attention_mask, scaling=
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     decode = (n_q <= DECODE_MAX_QUERIES and n_k > n_q and (causal or n_q == 1)
               and not needs_grad)
-    if decode:
-        CALLS["decode"] += 1
-        seqlens = None if lengths is None else lengths.to(torch.int32)
-        out = flash_decode(query, key, value, cache_seqlens=seqlens, sm_scale=scaling)
+    if decode or (lengths is not None and compiling and not needs_grad):
+        # A compiled prefill into a static cache cannot cut the cache to the keys in use (a
+        # length read back from the device): flash_decode takes the lengths as a tensor.
+        if not compiling:
+            CALLS["decode"] += 1
+        out = flash_decode(query, key, value, cache_seqlens=lengths, sm_scale=scaling)
     else:
         if lengths is not None:
-            n_used = int(lengths.max())
-            if int(lengths.min()) != n_used:
+            if compiling:
+                raise NotImplementedError("course_kernels: a gradient through a masked "
+                                          "(static-cache) attention is not supported")
+            lo, n_used = (int(x) for x in torch.aminmax(lengths))
+            if lo != n_used:
                 raise NotImplementedError(
                     "course_kernels: sequences of different lengths in one prefill (padding) are "
                     "not supported")
             key, value = key[:, :, :n_used], value[:, :, :n_used]  # static cache: used part
-        CALLS["prefill"] += 1
+        if not compiling:
+            CALLS["prefill"] += 1
         out = flash_attn_v2(query, key, value, causal=causal, sm_scale=scaling)  # (B, H, N_q, D)
     return out.transpose(1, 2).contiguous(), None  # (B, N_q, H, D)
 
@@ -299,24 +339,83 @@ def time_decode(model, input_ids: torch.Tensor, new_tokens: int = 32, repeats: i
     return sorted(per_token)[len(per_token) // 2]
 
 
+def _median(xs):
+    return sorted(xs)[len(xs) // 2]
+
+
+@torch.inference_mode()
+def time_compiled(model, input_ids: torch.Tensor, new_tokens: int = 32,
+                  repeats: int = 3) -> tuple[float, float]:
+    """(prefill ms, decode ms/token) the way models are deployed: ``torch.compile``.
+
+    Prefill: ``torch.compile(model, fullgraph=True, dynamic=False)`` over the prompt (no cache
+    kept). Decode: ``generate`` with a static KV cache (``cache_implementation="static"``),
+    whose decode step transformers compiles with ``fullgraph=True`` and, on a GPU,
+    ``mode="reduce-overhead"`` (CUDA graphs); ms/token = (time of 1 + ``new_tokens`` tokens −
+    time of 1 token) / ``new_tokens``, so the eager prefill inside ``generate`` cancels out.
+    Medians of ``repeats`` after warm-up runs that compile.
+    """
+    from transformers import CompileConfig
+
+    compiled = torch.compile(model, fullgraph=True, dynamic=False)
+    times = []
+    for r in range(repeats + 2):  # two warm-ups: compile, then settle
+        _sync()
+        t0 = time.perf_counter()
+        compiled(input_ids, use_cache=False, logits_to_keep=1)
+        _sync()
+        if r >= 2:
+            times.append((time.perf_counter() - t0) * 1e3)
+    prefill = _median(times)
+
+    config = CompileConfig(fullgraph=True, dynamic=False,
+                           mode="reduce-overhead" if torch.cuda.is_available() else "default")
+    config._compile_all_devices = True
+
+    def run(n):
+        _sync()
+        t0 = time.perf_counter()
+        model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=n,
+                       min_new_tokens=n, do_sample=False, pad_token_id=0,
+                       cache_implementation="static", compile_config=config)
+        _sync()
+        return (time.perf_counter() - t0) * 1e3
+
+    run(new_tokens + 1)  # compile and record the graphs
+    run(new_tokens + 1)
+    per_token = [(run(new_tokens + 1) - run(1)) / new_tokens for _ in range(repeats)]
+    return prefill, _median(per_token)
+
+
 def benchmark(model, prompt_lengths=(512, 2048, 8192), batch: int = 1, new_tokens: int = 32,
-              implementations=(ATTN_IMPLEMENTATION, "sdpa")) -> list[dict]:
+              implementations=(ATTN_IMPLEMENTATION, "sdpa"), compiled: bool = False) -> list[dict]:
     """Prefill ms and decode ms/token for each prompt length and attention implementation.
 
     One model, its attention switched by name, so the weights are the same for every row.
+    Eager (``time_prefill``, ``time_decode``); with ``compiled`` also ``time_compiled``
+    (columns ``prefill_ms_compiled_<impl>``, ``decode_ms_compiled_<impl>``).
     """
     rows = []
     gen = torch.Generator(device="cpu").manual_seed(0)
-    for n in prompt_lengths:
-        ids = torch.randint(0, model.config.vocab_size, (batch, n), generator=gen)
-        ids = ids.to(model.device)
+    prompts = {n: torch.randint(0, model.config.vocab_size, (batch, n), generator=gen)
+               .to(model.device) for n in prompt_lengths}
+    for n, ids in prompts.items():  # every eager run first: a compiled run leaves caches behind
         row = {"prompt": n, "batch": batch}
         for impl in implementations:
             model.set_attn_implementation(impl)
             row[f"prefill_ms_{impl}"] = time_prefill(model, ids)
             row[f"decode_ms_{impl}"] = time_decode(model, ids, new_tokens)
+        print(row, flush=True)
         rows.append(row)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+    for row in rows if compiled else []:
+        for impl in implementations:
+            model.set_attn_implementation(impl)
+            torch._dynamo.reset()
+            (row[f"prefill_ms_compiled_{impl}"],
+             row[f"decode_ms_compiled_{impl}"]) = time_compiled(model, prompts[row["prompt"]],
+                                                                new_tokens)
+        print(row, flush=True)
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
     return rows

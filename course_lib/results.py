@@ -10,7 +10,7 @@ slides/zh/) and the lessons (notebooks/) state in prose: from course_lib's model
 I/O counts) and from the GPU measurements stored in course_lib/data/*.json (and the ceilings
 in course_lib/data/perf_notes.md), never typed by hand. Each ``Fact`` says where it is quoted;
 ``check()`` fails when a README, deck or notebook no longer prints the number the data gives,
-and README.md's "Measured on an H100" table is generated whole by ``readme_measured()``
+and README.md's "Measured on an H100 and an H200" table is generated whole by ``readme_measured()``
 (tests/test_results.py). Every speed comparison here names its harness, and both of its sides
 were timed with it in the same run.
 """
@@ -707,7 +707,8 @@ def facts() -> dict[str, Fact]:
         "data/decode.json B 1 N 4k flash_decode(validate=False), eager")
     add("decode_4k_eager_default_us", f"{ours4k['us_eager_default']:.0f} µs",
         "README 07_decoding nb:12_flash_decoding",
-        "data/decode.json B 1 N 4k flash_decode default arguments, eager")
+        "data/decode.json B 1 N 4k flash_decode with the value checks (validate=True, the "
+        "default when measured), eager")
     add("decode_4k_cudnn_eager_us", f"{cudnn4k['us_eager']:.0f} µs",
         "README 07_decoding nb:12_flash_decoding",
         "data/decode.json B 1 N 4k cuDNN (faster layout), eager")
@@ -729,6 +730,67 @@ def facts() -> dict[str, Fact]:
             ours, sdpa = row[f"{phase}_ms_course_kernels"], row[f"{phase}_ms_sdpa"]
             add(f"llama_{phase}_{n}", f"{ours:.1f} / {sdpa:.1f} ms", "README",
                 f"data/llama.json prompt {n}: {phase} ms, course kernels / SDPA")
+
+    # Drop-in use (issue 20): eager and graphed decode, host time, padded head dims, compiled
+    drop = load_result("dropin")
+    gpu = drop["environment"]["gpu"].replace("NVIDIA ", "")
+    add("drop_gpu", gpu, "README nb:12_flash_decoding", "data/dropin.json environment")
+    for r in drop["decode"]:  # the lesson's prose quotes B 1, N 4k; its table prints every row
+        if (r["B"], r["N"]) != (1, 4096):
+            continue
+        tag = f"{r['B']}_{r['N'] // 1024}k"
+        add(f"drop_{tag}_default", f"{r['ours_default_us']:.1f} µs",
+            "nb:12_flash_decoding 07_decoding",
+            f"data/dropin.json decode B {r['B']} N {r['N']}: flash_decode, default arguments")
+        add(f"drop_{tag}_validate", f"{r['ours_validate_us']:.0f} µs", "nb:12_flash_decoding",
+            f"data/dropin.json decode B {r['B']} N {r['N']}: validate=True")
+        add(f"drop_{tag}_cudnn", f"{r['sdpa_cudnn_us']:.1f} µs",
+            "nb:12_flash_decoding 07_decoding",
+            f"data/dropin.json decode B {r['B']} N {r['N']}: SDPA cuDNN eager")
+        add(f"drop_{tag}_graph", f"{r['ours_graph_us']:.1f} µs",
+            "nb:12_flash_decoding 07_decoding",
+            f"data/dropin.json decode B {r['B']} N {r['N']}: plan.run as a CUDA graph")
+        add(f"drop_{tag}_cudnn_graph", f"{r['sdpa_cudnn_graph_us']:.1f} µs",
+            "nb:12_flash_decoding 07_decoding",
+            f"data/dropin.json decode B {r['B']} N {r['N']}: SDPA cuDNN as a CUDA graph")
+    dec_rows = drop["decode"]
+    add("drop_eager_ratio_all", _span([r["sdpa_cudnn_us"] / r["ours_default_us"]
+                                       for r in dec_rows]), "README nb:12_flash_decoding",
+        "data/dropin.json: speed, SDPA cuDNN time / flash_decode (default) time, both eager")
+    add("drop_graph_ratio_all", _span([r["sdpa_cudnn_graph_us"] / r["ours_graph_us"]
+                                       for r in dec_rows]), "README nb:12_flash_decoding",
+        "data/dropin.json: speed, SDPA cuDNN time / planned step time, both CUDA graphs")
+    host = drop["host"]
+    for key, col in (("plan", "plan_run_us"), ("decode", "flash_decode_us"),
+                     ("validate", "flash_decode_validate_us"),
+                     ("fa2", "flash_attn_v2_portable_us"),
+                     ("fa2_hopper", "flash_attn_v2_hopper_us"),
+                     ("sdpa_cudnn", "sdpa_cudnn_us"), ("sdpa_flash", "sdpa_flash_us"),
+                     ("empty", "empty_kernel_launch_us")):
+        add(f"host_{key}", f"{host[col]:.0f} µs",
+            ("README nb:12_flash_decoding" if key in ("validate", "fa2")
+             else "README nb:12_flash_decoding 07_decoding" if key in ("plan", "decode",
+                                                                        "sdpa_cudnn")
+             else "nb:12_flash_decoding"),
+            f"data/dropin.json host: {col}")
+    for d in (80, 96):
+        rs = [r for r in drop["head_dims"] if r["D"] == d]
+        add(f"drop_d{d}_fa2", _span([r["sdpa_flash_ms"] / r["ours_ms"] for r in rs]), "README",
+            f"data/dropin.json head_dims D {d}: SDPA FLASH ms / ours ms, causal and not")
+        add(f"drop_d{d}_cudnn", _span([r["sdpa_cudnn_ms"] / r["ours_ms"] for r in rs]), "README",
+            f"data/dropin.json head_dims D {d}: SDPA cuDNN ms / ours ms, causal and not")
+    cap = load_result("capstone_compiled")
+    add("cap_gpu", cap["environment"]["gpu"].replace("NVIDIA ", ""), "README nb:14_llama_capstone",
+        "data/capstone_compiled.json environment")
+    for row in cap["rows"]:
+        n = row["prompt"]
+        for mode, pre in (("eager", ""), ("compiled", "compiled_")):
+            for phase in ("prefill", "decode"):
+                ours = row[f"{phase}_ms_{pre}course_kernels"]
+                sdpa = row[f"{phase}_ms_{pre}sdpa"]
+                add(f"cap_{mode}_{phase}_{n}", f"{ours:.2f} / {sdpa:.2f} ms",
+                        "README nb:14_llama_capstone",
+                    f"data/capstone_compiled.json prompt {n}: {mode} {phase}, ours / SDPA")
     return f
 
 
@@ -741,7 +803,7 @@ GRAPH = "CUDA-graph replay, `do_bench` median"
 
 
 def readme_measured(f: dict | None = None) -> str:
-    """The README's "Measured on an H100" section, from ``facts()`` and the stored JSON."""
+    """README's "Measured on an H100 and an H200" section, from ``facts()`` and the JSON."""
     from course_lib.bench.common import load_result
 
     f = facts() if f is None else f
@@ -752,7 +814,8 @@ def readme_measured(f: dict | None = None) -> str:
     fwd, dec, llama = (load_result(n) for n in ("attention_fwd", "decode", "llama"))
     envs = sorted({environment_line(load_result(n)) for n in
                    ("attention_fwd", "attention_bwd", "decode", "hbm", "matmul", "memory",
-                    "llama")})
+                    "llama", "dropin", "capstone_compiled")})
+    cap_prompts = [r["prompt"] for r in load_result("capstone_compiled")["rows"]]
     shape = (f"B·N = {fwd['tokens'] // 1024}k, H·D = {fwd['hidden']}, fp16; "
              f"forward FLOPs {fwd['flops_formula']}")
     prompts = [r["prompt"] for r in llama["rows"]]
@@ -785,7 +848,7 @@ def readme_measured(f: dict | None = None) -> str:
          f"(speed {t('decode_4k_graph_ratio')})"),
         ("the same, called eagerly", f"{EAGER}, launch and Python included",
          f"{t('decode_4k_eager_us')} (`validate=False`), {t('decode_4k_eager_default_us')} "
-         f"(default arguments) against {t('decode_4k_cudnn_eager_us')}"),
+         f"(with the value checks, `validate=True`) against {t('decode_4k_cudnn_eager_us')}"),
         ("Triton matmul / cuBLAS, 4096³ fp16", EAGER, t("matmul_ratio")),
         ("peak memory, forward + backward, N 16k (B 1, H 16, D 64)",
          "`torch.cuda.max_memory_allocated` above the inputs",
@@ -796,6 +859,30 @@ def readme_measured(f: dict | None = None) -> str:
          ", ".join(t(f"llama_prefill_{p}") for p in prompts)),
         ("the same: decode, per token", "eager greedy loop of 32 tokens, median of 3",
          ", ".join(t(f"llama_decode_{p}") for p in prompts)),
+        (f"decode on an {t('drop_gpu')}, B 1–64, N 2k–128k: SDPA cuDNN time / `flash_decode` "
+         "time (default arguments)", EAGER, t("drop_eager_ratio_all")),
+        ("the same, a planned step (`plan_decode`, `plan.run`)", GRAPH,
+         t("drop_graph_ratio_all")),
+        (f"host time of one call, GPU idle ({t('drop_gpu')} machine)",
+         "200 calls back to back after a synchronisation, median of 5 rounds",
+         f"planned decode step {t('host_plan')}; `flash_decode` {t('host_decode')} "
+         f"({t('host_validate')} with `validate=True`); `flash_attn_v2` at a tiny shape "
+         f"{t('host_fa2')}; SDPA cuDNN {t('host_sdpa_cudnn')}"),
+        (f"forward at head dims 80 and 96 ({t('drop_gpu')}; B 4, H 16, N 4k, causal and not): "
+         "SDPA time / `flash_attn_v2` time", EAGER,
+         f"FLASH_ATTENTION: D 80 {t('drop_d80_fa2')}, D 96 {t('drop_d96_fa2')}; "
+         f"CUDNN_ATTENTION: D 80 {t('drop_d80_cudnn')}, D 96 {t('drop_d96_cudnn')}"),
+        (f"LLaMA 1.24B on an {t('cap_gpu')}, course kernels / SDPA, prompt "
+         f"{', '.join(str(p) for p in cap_prompts)}: compiled prefill",
+         "`torch.compile(fullgraph=True)`, median of 3",
+         ", ".join(t(f"cap_compiled_prefill_{p}") for p in cap_prompts)),
+        ("the same: compiled decode, per token",
+         "static KV cache, decode step compiled with CUDA graphs (`mode=\"reduce-overhead\"`), "
+         "(33 − 1 tokens) / 32, median of 3",
+         ", ".join(t(f"cap_compiled_decode_{p}") for p in cap_prompts)),
+        ("the same run, eager: prefill; decode per token", "as the eager rows above",
+         "; ".join(f"{t(f'cap_eager_prefill_{p}')}; {t(f'cap_eager_decode_{p}')}"
+                   for p in cap_prompts)),
     ]
     lines = [BEGIN, "", "; ".join(envs) + f". {shape}. Ratios are taken between two times "
              "measured in the same run with the same harness; above 1 means the course's "

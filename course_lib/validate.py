@@ -10,7 +10,12 @@ import torch
 from course_lib._device import DEVICE, refuse_bf16_in_interpreter
 
 GPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-HEAD_DIMS = (16, 32, 64, 128, 256)
+# Head dims the attention kernels take: every multiple of 8 from 16 to 256. A row of D fp16
+# numbers is then a whole number of 16-byte vectors; the kernels pad D to the next power of two
+# for ``tl.arange`` and mask the columns past D (40 -> 64, 80 -> 128, 160 -> 256).
+HEAD_DIMS = tuple(range(16, 257, 8))
+# The teaching kernels of lessons 03 to 07 keep to powers of two (tl.arange's own rule).
+POW2_HEAD_DIMS = (16, 32, 64, 128, 256)
 
 
 def expected_device() -> str:
@@ -52,7 +57,9 @@ def check_attention_inputs(q, k, v, head_dims=HEAD_DIMS):
     if H_kv == 0 or H % H_kv != 0:
         raise ValueError(f"q's {H} heads must be a multiple of k/v's {H_kv} heads (GQA)")
     if D not in head_dims:
-        raise ValueError(f"head dim {D} of q is not supported; use one of {tuple(head_dims)}")
+        allowed = ("a multiple of 8 from 16 to 256" if tuple(head_dims) == HEAD_DIMS
+                   else f"one of {tuple(head_dims)}")
+        raise ValueError(f"head dim {D} of q is not supported; use {allowed}")
     if N_q == 0 or N_k == 0:
         raise ValueError(f"sequence lengths must be positive, got N_q={N_q}, N_k={N_k}")
     refuse_bf16_in_interpreter(q, k, v, names=("q", "k", "v"))

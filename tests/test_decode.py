@@ -6,8 +6,9 @@ import torch
 
 import course_lib
 from course_lib.kernels import decode as dec
-from course_lib.kernels.decode import flash_decode, paged_decode
 from course_lib.kvcache import contiguous_to_pages, pages_to_contiguous
+from course_lib.ops import decode as opd
+from course_lib.ops import flash_decode, paged_decode
 from course_lib.reference import decode_reference
 from course_lib.testing import (
     KERNEL_DTYPES,
@@ -55,6 +56,7 @@ def _poison_kernel_outputs(monkeypatch):
     """Make every buffer the wrappers allocate (partials, output, lse) start as NaN."""
     real_empty = dec._empty
     monkeypatch.setattr(dec, "_empty", lambda *a, **kw: poison_(real_empty(*a, **kw)))
+    monkeypatch.setattr(opd, "_PLANS", type(opd._PLANS)())  # no reused split buffers
 
 
 def _check(o, lse, q, k, v, lens, name):
@@ -126,6 +128,16 @@ def test_ignores_what_lies_past_each_length():
     assert torch.equal(o1, o2)
 
 
+@pytest.mark.parametrize("N_q", [1, 3])
+@pytest.mark.parametrize("D", [40, 72, 80, 96, 112, 160, 192, 256])
+def test_any_head_dim_multiple_of_8(D, N_q, monkeypatch):
+    """Head dims that are multiples of 8 (most not powers of two), GQA, odd lengths."""
+    _poison_kernel_outputs(monkeypatch)
+    q, k, v, lens = _inputs(2, 4, 2, N_q, 45, D, [45, 19], DTYPES[0])
+    o, lse = flash_decode(q, k, v, lens, return_lse=True)
+    _check(o, lse, q, k, v, lens, f"D={D}")
+
+
 def test_gqa_equals_mha_with_repeated_kv():
     q, k, v, lens = _inputs(2, 8, 2, 1, 50, 32, [50, 9], torch.float32)
     o_gqa = flash_decode(q, k, v, lens)
@@ -149,7 +161,9 @@ def test_extreme_logits_stay_finite():
     o, lse = flash_decode(q, k, v, lens, sm_scale=1e3, return_lse=True)
     ref_o, ref_lse = decode_reference(q, k, v, lens, sm_scale=1e3, return_lse=True)
     assert torch.isfinite(o).all() and torch.isfinite(lse).all()
-    torch.testing.assert_close(o, ref_o, atol=1e-4, rtol=1e-4)
+    # logits near 1e4 carry an fp32 rounding near 1e-3 (in the kernel and in the reference
+    # alike); when two keys score within a few units of each other, their weights move by that
+    torch.testing.assert_close(o, ref_o, atol=2e-2, rtol=0)
     torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-5)
 
 
@@ -209,10 +223,11 @@ def _small():
 
 def test_flash_decode_bad_input_names_the_argument():
     q, k, v, lens = _small()
+    # the values of the lengths are read (a synchronisation) only with validate=True
     with pytest.raises(ValueError, match="cache_seqlens must lie in"):
-        flash_decode(q, k, v, lens + 30)
+        flash_decode(q, k, v, lens + 30, validate=True)
     with pytest.raises(ValueError, match="cache_seqlens must lie in"):
-        flash_decode(q, k, v, lens - 11)
+        flash_decode(q, k, v, lens - 11, validate=True)
     with pytest.raises(ValueError, match=r"cache_seqlens must have shape \(2,\)"):
         flash_decode(q, k, v, lens[:1])
     with pytest.raises(TypeError, match="cache_seqlens must hold integers"):
@@ -238,16 +253,16 @@ def test_paged_decode_bad_input_names_the_argument():
     bad = table.clone()
     bad[1, 0] = 6  # sequence 1 (10 keys) uses its block 0: out of range
     with pytest.raises(ValueError, match=r"block_table\[1, 0\] = 6"):
-        paged_decode(q, k_pages, v_pages, bad, lens)
+        paged_decode(q, k_pages, v_pages, bad, lens, validate=True)
     bad = table.clone()
     bad[0, 1] = -1
     with pytest.raises(ValueError, match="block_table"):
-        paged_decode(q, k_pages, v_pages, bad, lens)
+        paged_decode(q, k_pages, v_pages, bad, lens, validate=True)
     unused = table.clone()
     unused[1, 1] = 99  # sequence 1 never reaches its block 1: ignored
-    paged_decode(q, k_pages, v_pages, unused, lens)
+    paged_decode(q, k_pages, v_pages, unused, lens, validate=True)
     with pytest.raises(ValueError, match="cache_seqlens must lie in"):
-        paged_decode(q, k_pages, v_pages, table, lens + 1)  # 33 > 2 blocks × 16
+        paged_decode(q, k_pages, v_pages, table, lens + 1, validate=True)  # 33 > 2 blocks × 16
     with pytest.raises(ValueError, match="cache_seqlens is required"):
         paged_decode(q, k_pages, v_pages, table, None)
     with pytest.raises(TypeError, match="block_table must hold integers"):
@@ -317,6 +332,7 @@ def test_split_bounds_is_the_kernels_partition(monkeypatch):
         return t
 
     monkeypatch.setattr(dec, "_empty", keep)
+    monkeypatch.setattr(opd, "_PLANS", type(opd._PLANS)())  # a new plan: its buffers are seen
     flash_decode(q, k, v, lens, num_splits=3)
     got = lse_parts["t"][0, :, 0].cpu()  # (H, splits)
     s = torch.einsum("hd,hnd->hn", q[0, :, 0].float(), k[0].float()) * 32 ** -0.5  # (H, N)

@@ -56,6 +56,31 @@ def test_forward_matches_reference(shape, causal, dtype, impl):
     assert_close_2x(lse, ref_lse, ref_lse, name=f"lse {impl}", atol=1e-4 + rounding)
 
 
+FUZZ_HEAD_DIMS = [40, 72, 80, 96, 112, 160, 192, 256]  # multiples of 8; most not powers of two
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", FUZZ_HEAD_DIMS)
+def test_any_head_dim_multiple_of_8(D, causal):
+    """Odd lengths, GQA, and a q whose rows are D + 8 wide with NaN past D: a kernel that read
+    a padding column from memory (instead of masking it to 0) would turn the output NaN."""
+    dtype = DTYPES[0]
+    B, H, H_kv, N_q, N_k = 1, 4, 2, 37, 53
+    wide = fresh_randn(B, H, N_q, D + 8, dtype=dtype)
+    wide[..., D:] = float("nan")
+    q = wide[..., :D]
+    k = fresh_randn(B, H_kv, N_k, D, dtype=dtype)
+    v = fresh_randn(B, H_kv, N_k, D, dtype=dtype)
+    o, lse = _flash_attn_v2_forward(q.contiguous(), k, v, causal, D ** -0.5, out=_poisoned(q))
+    o2 = flash_attn_v2(q, k, v, causal=causal)  # the public path, strided q
+    ref_o, ref_lse = attention(q, k, v, causal=causal, return_lse=True)
+    assert not torch.isnan(o).any() and not torch.isnan(o2).any()
+    baseline = attention_same_precision(q, k, v, causal=causal)
+    assert_close_2x(o, ref_o, baseline, name=f"O D={D}")
+    assert_close_2x(o2, ref_o, baseline, name=f"O D={D} strided q")
+    assert_close_2x(lse, ref_lse, ref_lse, name=f"lse D={D}", atol=1e-4)
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 def test_public_api_and_lse(impl):
     q, k, v = _inputs(1, 2, 2, 33, 45, 64, torch.float16)
@@ -110,7 +135,7 @@ def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match="multiple of"):
         flash_attn_v2(fresh_randn(1, 3, 16, 64, dtype=torch.float16), k, v)
     with pytest.raises(ValueError, match="not supported"):
-        d = 48
+        d = 44  # not a multiple of 8
         flash_attn_v2(q[..., :d], k[..., :d], v[..., :d])
     with pytest.raises(ValueError, match="sm_scale"):
         flash_attn_v2(q, k, v, sm_scale=-1.0)

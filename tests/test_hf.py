@@ -109,6 +109,33 @@ def test_static_cache_generation_matches_eager(model):
     assert torch.equal(got, want)
 
 
+def test_compiled_static_cache_generation_matches_eager(model):
+    """The way models are deployed: a static cache and a compiled decode step (fullgraph: the
+    kernels are in the graph as torch.ops.course.*, no graph break). Same greedy tokens."""
+    from transformers import CompileConfig
+
+    ids = _ids(1, 12, seed=6)
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False,
+              pad_token_id=0)
+    compile_config = CompileConfig(fullgraph=True, dynamic=False,
+                                   backend="inductor" if DEVICE == "cuda" else "aot_eager")
+    compile_config._compile_all_devices = True  # transformers compiles on GPUs only, otherwise
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    with torch.inference_mode():
+        model.set_attn_implementation("eager")
+        want = model.generate(ids, **kw)
+        model.set_attn_implementation(hf.ATTN_IMPLEMENTATION)
+        calls = hf.CALLS.copy()
+        got = model.generate(ids, cache_implementation="static", compile_config=compile_config,
+                             **kw)
+    assert torch.equal(got, want)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # it did compile
+    assert not torch._dynamo.utils.counters["graph_break"]  # in one graph
+    # eager calls are counted; the compiled decode steps are not: only the prefill counted
+    assert hf.CALLS["flash_decode"] == calls["flash_decode"]
+
+
 def test_gradients_match_eager(model):
     """With gradients on, every call goes to flash_attn_v2 (differentiable)."""
     ids = _ids(1, 24, seed=4)

@@ -26,8 +26,9 @@ the call (``ms``: the GPU's time, as a serving loop runs a decode step) and call
 (``ms_eager``: Python and launch overhead included, which at N = 4k can be larger than the
 kernels' own time). A ratio is only ever taken between two times of the same harness. The
 course's kernels are timed with ``validate=False`` in both; ``ms_eager_default`` adds their
-eager time with default arguments (``validate=True``: host-side checks that read the lengths
-and block ids back, as a user who calls them plainly pays).
+eager time with ``validate=True`` (host-side checks that read the lengths and block ids back:
+the default when the stored sweep ran; since issue 20 the default reads nothing back, and
+``python -m course_lib.bench dropin`` times each way of calling).
 
 Reported per (shape, provider): latency in µs; KV bandwidth = bytes of K and V read
 (2·B·H_kv·N·D·2) / latency, in TB/s; and that bandwidth as a fraction of the measured copy
@@ -244,11 +245,11 @@ class GPUMeasure:
         group as G query rows of their K/V head, q viewed (B, H_kv, G·N_q, D), no mask) or
         "gqa" (q (B, H, N_q, D) with ``enable_gqa=True``). Backends differ in which they run
         faster, so both are timed and each backend keeps its faster one. ``validate`` is the
-        course kernels' argument (True: their default, with its host-side checks).
+        course kernels' argument (True: the host-side checks that read values back).
         """
         import torch.nn.functional as F
 
-        from course_lib.kernels.decode import flash_decode, paged_decode
+        from course_lib.ops import flash_decode, paged_decode
 
         d = self._data
         cfg = self.configs.get((shape["B"], shape["N"]), {})
@@ -310,8 +311,8 @@ class GPUMeasure:
         ``ms``: median of CUDA-graph replays (the GPU's time, as a serving loop runs a decode
         step); ``ms_eager``: median of plain calls, Python and launch overhead included. The
         course's kernels are validated once and timed with ``validate=False``;
-        ``ms_eager_default`` times them as a user calls them (default arguments, with the
-        checks that read lengths and block ids back to the host). SDPA backends are timed in
+        ``ms_eager_default`` times them with ``validate=True`` (the checks that read lengths
+        and block ids back to the host). SDPA backends are timed in
         both layouts (``fn``) and keep the faster per harness (``layout``, ``layout_eager``).
         """
         self._prepare(shape)
@@ -344,7 +345,8 @@ def tune(measure: GPUMeasure, shape_list, progress: bool = True) -> dict:
     """Time flash_decode for every TUNE_CONFIGS × a few split counts; the best per shape."""
     from tqdm.auto import tqdm
 
-    from course_lib.kernels.decode import TUNE_CONFIGS, choose_num_splits, flash_decode
+    from course_lib.kernels.decode import TUNE_CONFIGS, choose_num_splits
+    from course_lib.ops import flash_decode
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     best, trials = {}, []

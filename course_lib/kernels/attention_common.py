@@ -11,6 +11,10 @@ and its launcher.
 * ``_causal_bounds``: a Q block's key range, [0, lo_masked) without a mask, [lo_masked, hi)
   with one (bottom-right causal: query i sees keys j <= i + N_k − N_q);
 * ``_epilogue``: the one division O = acc / l, and lse = (m + log2 l) · ln 2;
+* ``_tile_mask``, ``_load_tile``: loads masked by rows, by padded head-dim columns, or both;
+* ``head_dim_pad``: the power of two a kernel's tiles span for a head dim that is not one
+  (every multiple of 8 from 16 to 256 runs; the columns past D are masked in each kernel, and
+  the config tables are keyed by the padded dim);
 * ``_q_block_program``: which Q block and head a program owns (Q blocks fastest, GQA heads
   neighbours, causal grids longest rows first);
 * ``launch``: interpreter blocks, a fixed config, or the autotuner, by length.
@@ -25,6 +29,7 @@ import triton
 import triton.language as tl
 
 from course_lib._device import INTERPRET
+from course_lib._launch import launch as fast_launch
 
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis, which carries batch x heads
 
@@ -90,6 +95,35 @@ def _epilogue(acc, m_i, l_i):
 
 
 @triton.jit
+def _tile_mask(rows_ok, cols_ok, COLS: tl.constexpr):
+    """``rows_ok``, and with COLS also ``cols_ok`` (the columns of a padded head dim)."""
+    if COLS:
+        rows_ok = rows_ok & cols_ok
+    return rows_ok
+
+
+@triton.jit
+def _load_tile(ptrs, rows_ok, cols_ok, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Load a tile with 0 where a row is past the end (ROWS) or a column is head-dim padding
+    (COLS); with neither, a load without a mask, the code a power-of-two D always had."""
+    if ROWS:
+        x = tl.load(ptrs, mask=_tile_mask(rows_ok, cols_ok, COLS), other=0.0)
+    elif COLS:
+        x = tl.load(ptrs, mask=cols_ok, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+def head_dim_pad(head_dim: int) -> int:
+    """The power of two a kernel's ``tl.arange`` spans for this head dim (40 -> 64, 80 -> 128).
+
+    The config tables are keyed by it: a padded tile costs what the power-of-two tile costs.
+    """
+    return triton.next_power_of_2(head_dim)
+
+
+@triton.jit
 def _q_block_program(H, GROUP, CAUSAL: tl.constexpr):
     """Which Q block and head this program owns: (pid_m, pid_bh, b, h, h_kv).
 
@@ -112,6 +146,9 @@ def _q_block_program(H, GROUP, CAUSAL: tl.constexpr):
 AUTOTUNE_MIN_N = 2048
 INTERPRETER_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 16}
 
+_FIRST_KEPT: dict = {}
+
+
 def launch(kernel, tuned, configs, keep, grid_of, args, meta, n_bucket, prepare=None):
     """Launch ``kernel`` in one of three ways: interpreter blocks, a fixed config, or autotuned.
 
@@ -121,13 +158,19 @@ def launch(kernel, tuned, configs, keep, grid_of, args, meta, n_bucket, prepare=
     if not INTERPRET and n_bucket >= AUTOTUNE_MIN_N:
         tuned[lambda m: grid_of(m["BLOCK_M"])](*args, **meta)
         return
-    cfg = keep(configs, {}, **meta)[0]
+    cfg_key = (id(configs), keep, *meta.items())
+    cfg = _FIRST_KEPT.get(cfg_key)
+    if cfg is None:  # the filter runs once per (config list, head dim, causal, precision)
+        cfg = _FIRST_KEPT[cfg_key] = keep(configs, {}, **meta)[0]
     if INTERPRET:  # the GPU's code path (Q_IN_REGS, ROWSUM_MMA, ...) with small tiles
         blocks, options = {**cfg.kwargs, **INTERPRETER_BLOCKS}, {}
     else:
         blocks, options = cfg.kwargs, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     if prepare is not None:
         prepare(blocks)
+    elif not INTERPRET:  # Triton's per-call host work once per key (course_lib._launch)
+        fast_launch(kernel, grid_of(blocks["BLOCK_M"]), *args, **meta, **blocks, **options)
+        return
     with interpreter_errstate():
         kernel[grid_of(blocks["BLOCK_M"])](*args, **meta, **blocks, **options)
 

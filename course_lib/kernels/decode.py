@@ -46,9 +46,12 @@ that keeps the grid at or under ``PROGRAMS_PER_SM`` programs per SM
 comes from ``DECODE_CONFIGS`` by head dim; ``config=`` overrides it (the benchmark's
 ``--tune`` sweeps them).
 
-Sanity checks cost a device-to-host copy: ``cache_seqlens`` in range, and for the paged layout
-every block id a sequence uses in ``[0, num_blocks)``. ``validate=False`` skips the checks that
-read device memory (the benchmark validates once, then times with it off).
+Plan and run (``make_plan``, ``run_plan``), in the manner of FlashInfer's ``plan()``/``run()``:
+the split count, the launch config and the buffers are decided once per batch shape; a decode
+step then only launches the two kernels, reads nothing back from the device and allocates
+nothing, so it can be captured in a CUDA graph. The kernel clamps every length to [0, N_max] and
+every block id to [0, num_blocks): a wrong value gives a wrong answer, never a read outside the
+cache. The public, validated functions are ``course_lib.ops.flash_decode`` and ``paged_decode``.
 
 Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-24 (N_q = 1, H = 32,
 H_kv = 8, D = 128, fp16; every provider timed as a CUDA-graph replay, ``do_bench`` median, L2
@@ -56,33 +59,29 @@ flushed; course_lib/data/decode.json, which also has every eager time):
 B 1, N 128k: 198 µs, 90% of the copy bandwidth (SDPA cuDNN 193 µs); B 1, N 4k: 18.8 µs
 (SDPA cuDNN 18.8 µs).
 paged_decode / flash_decode latency 1.02–1.07× at every shape. Called eagerly at N 4k the host's
-work dominates (the two launches, and with the default arguments the checks that read
-``cache_seqlens`` back): see course_lib/data/perf_notes.md.
+work dominates: the two launches with their Python (lesson 12, section 8, and
+course_lib/data/dropin.json measure it; course_lib/data/perf_notes.md tells the story).
 """
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from course_lib._device import INTERPRET
+from course_lib._launch import launch
 from course_lib.reference import LOG2E
-from course_lib.validate import (
-    check_attention_inputs,
-    check_block_table,
-    check_int_vector,
-    check_sm_scale,
-    check_tensor,
-)
 
 MAX_SPLITS = 256
 PROGRAMS_PER_SM = 2
 MIN_TILES_PER_SPLIT = 2
 
 # (BLOCK_N, num_warps, num_stages) by head dim, for the GPU. A tile of K plus one of V is
-# 2·BLOCK_N·D·2 bytes in fp16 (32 KiB for 64 × 128); num_stages tiles are kept in flight.
+# 2·BLOCK_N·D·2 bytes in fp16 (32 KiB for 64 × 128); num_stages tiles are kept in flight. A head
+# dim that is not a power of two uses the row of the power of two its tiles are padded to.
 DECODE_CONFIGS = {
     16: dict(BLOCK_N=128, num_warps=4, num_stages=3),
     32: dict(BLOCK_N=128, num_warps=4, num_stages=3),
@@ -111,7 +110,7 @@ def _decode_split_kernel(
     stride_kb, stride_kh, stride_kn,  # contiguous: (B, H_kv, N) strides; paged: (block, head, slot)
     stride_vb, stride_vh, stride_vn,
     stride_btb,
-    qk_scale, H, N_MAX,
+    qk_scale, H, N_MAX, NUM_BLOCKS,
     N_Q: tl.constexpr, GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQLENS: tl.constexpr,
@@ -124,8 +123,8 @@ def _decode_split_kernel(
     b = bg // h_kv
     g = bg % h_kv
 
-    if HAS_SEQLENS:
-        seqlen = tl.load(SEQLENS + b)
+    if HAS_SEQLENS:  # clamped to [0, N_MAX]: a wrong length cannot read past the cache
+        seqlen = tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), N_MAX)
     else:
         seqlen = N_MAX
     # Split s owns whole BLOCK_N tiles [s·T, (s+1)·T) of this sequence's keys.
@@ -139,7 +138,9 @@ def _decode_split_kernel(
     row_ok = offs_r < GROUP * N_Q
     head = g * GROUP + offs_r // N_Q  # query head of each row
     qi = offs_r % N_Q  # query token of each row
-    offs_d = tl.arange(0, HEAD_DIM)
+    # tl.arange needs a power of two: D = 80 runs as 128 columns, the 48 past D masked (0)
+    HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
     # Causal, bottom-right aligned: query i sees keys n <= seqlen - N_Q + i.
     last_key = seqlen - N_Q + qi  # (BLOCK_M,)
 
@@ -150,11 +151,15 @@ def _decode_split_kernel(
 
     q_ptrs = (Q + b.to(tl.int64) * stride_qb + head[:, None] * stride_qh
               + qi[:, None] * stride_qm + offs_d[None, :])
-    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)  # (BLOCK_M, HEAD_DIM)
+    if HEAD_DIM_PAD != HEAD_DIM:
+        row_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    else:
+        row_mask = row_ok[:, None]
+    q = tl.load(q_ptrs, mask=row_mask, other=0.0)  # (BLOCK_M, HEAD_DIM_PAD)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
 
     if PAGED:
         k_base = K + g * stride_kh
@@ -170,14 +175,19 @@ def _decode_split_kernel(
         if PAGED:
             # logical token n -> (physical block, slot): the block table is the page table
             block = tl.load(bt_base + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
+            block = tl.minimum(tl.maximum(block, 0), NUM_BLOCKS - 1)  # never outside the pool
             slot = offs_n % PAGE_SIZE
             k_rows = block * stride_kb + slot * stride_kn  # (BLOCK_N,)
             v_rows = block * stride_vb + slot * stride_vn
         else:
             k_rows = offs_n.to(tl.int64) * stride_kn
             v_rows = offs_n.to(tl.int64) * stride_vn
-        k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-        v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+        if HEAD_DIM_PAD != HEAD_DIM:
+            kv_mask = n_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+        else:
+            kv_mask = n_ok[:, None]
+        k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
 
         if IEEE_DOT:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
@@ -205,7 +215,7 @@ def _decode_split_kernel(
     o = acc / l_safe[:, None]
     lse = tl.where(has_keys, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
     tl.store(lse_ptrs, lse, mask=row_ok)
-    tl.store(o_ptrs, o, mask=row_ok[:, None])
+    tl.store(o_ptrs, o, mask=row_mask)
 
 
 @triton.jit
@@ -221,7 +231,8 @@ def _decode_merge_kernel(
     bh = row // N_Q
     b = bh // H
     h = bh % H
-    offs_d = tl.arange(0, HEAD_DIM)
+    HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)  # columns past D masked
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
     # pass 1: the largest lse_s (empty splits hold -inf)
     offs_s = tl.arange(0, BLOCK_S)
     lse_all = tl.load(LSE_PART + row * NUM_SPLITS + offs_s, mask=offs_s < NUM_SPLITS,
@@ -229,7 +240,7 @@ def _decode_merge_kernel(
     lse_max = tl.max(lse_all, 0)
     lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
     # pass 2: o = Σ_s e^{lse_s − lse_max} o_s / Σ_s e^{lse_s − lse_max}, CHUNK splits at a time
-    acc = tl.zeros([HEAD_DIM], tl.float32)
+    acc = tl.zeros([HEAD_DIM_PAD], tl.float32)
     denom = tl.zeros([CHUNK], tl.float32)
     for s0 in range(0, NUM_SPLITS, CHUNK):
         offs_c = s0 + tl.arange(0, CHUNK)
@@ -237,16 +248,23 @@ def _decode_merge_kernel(
                         other=float("-inf"))  # (CHUNK,)
         used = lse_s > float("-inf")  # empty splits weigh nothing (their o_s is not read)
         w = tl.where(used, tl.exp(lse_s - lse_max), 0.0)
+        if HEAD_DIM_PAD != HEAD_DIM:
+            o_mask = used[:, None] & (offs_d[None, :] < HEAD_DIM)
+        else:
+            o_mask = used[:, None]
         o_s = tl.load(O_PART + (row * NUM_SPLITS + offs_c)[:, None] * HEAD_DIM + offs_d[None, :],
-                      mask=used[:, None], other=0.0)  # (CHUNK, HEAD_DIM)
+                      mask=o_mask, other=0.0)  # (CHUNK, HEAD_DIM_PAD)
         acc += tl.sum(o_s * w[:, None], 0)
         denom += w
     total = tl.sum(denom, 0)
     total_safe = tl.where(total > 0.0, total, 1.0)
-    o = acc / total_safe  # (HEAD_DIM,)
+    o = acc / total_safe  # (HEAD_DIM_PAD,)
     lse = tl.where(total > 0.0, lse_max + tl.log(total_safe), float("-inf"))
     out_ptrs = OUT + b.to(tl.int64) * stride_ob + h * stride_oh + i * stride_om + offs_d
-    tl.store(out_ptrs, o.to(OUT.dtype.element_ty))
+    if HEAD_DIM_PAD != HEAD_DIM:
+        tl.store(out_ptrs, o.to(OUT.dtype.element_ty), mask=offs_d < HEAD_DIM)
+    else:
+        tl.store(out_ptrs, o.to(OUT.dtype.element_ty))
     tl.store(LSE_OUT + row, lse)
 
 
@@ -270,8 +288,9 @@ def _sm_count(device_index: int | None = None) -> int:
 
 
 def pick_config(head_dim: int) -> dict:
-    """The launch config (BLOCK_N, num_warps, num_stages) used for ``head_dim``."""
-    return dict(INTERPRET_CONFIG) if INTERPRET else dict(DECODE_CONFIGS[head_dim])
+    """The launch config (BLOCK_N, num_warps, num_stages) used for ``head_dim``: that of the
+    power of two the kernels pad it to (D 80 runs D 128's tiles)."""
+    return dict(INTERPRET_CONFIG) if INTERPRET else dict(DECODE_CONFIGS[_next_pow2(head_dim)])
 
 
 def choose_num_splits(batch: int, kv_heads: int, n_keys: int, block_n: int,
@@ -323,60 +342,64 @@ def _block_m(rows: int) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# validation
-# ---------------------------------------------------------------------------------------------
-
-def _check_num_splits(num_splits) -> None:
-    if num_splits is None:
-        return
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
-        raise TypeError(f"num_splits must be an int or None, got {type(num_splits).__name__}")
-    if not 1 <= num_splits <= MAX_SPLITS:
-        raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
-
-
-def _check_config(config, head_dim: int) -> dict:
-    cfg = pick_config(head_dim)
-    if config is None:
-        return cfg
-    if not isinstance(config, dict) or not set(config) <= {"BLOCK_N", "num_warps", "num_stages"}:
-        raise ValueError("config must be a dict with keys among BLOCK_N, num_warps, num_stages, "
-                         f"got {config!r}")
-    cfg.update(config)
-    bn = cfg["BLOCK_N"]
-    if bn < 16 or bn & (bn - 1):
-        raise ValueError(f"config['BLOCK_N'] must be a power of two >= 16, got {bn}")
-    return cfg
-
-
-# ---------------------------------------------------------------------------------------------
-# public wrappers
+# plan and run: decide once per batch shape, then each decode step only launches
 # ---------------------------------------------------------------------------------------------
 
 def _empty(shape, device, dtype):
-    """Every buffer the wrappers allocate (the tests replace this to poison them with NaN)."""
+    """Every buffer a plan allocates (the tests replace this to poison them with NaN)."""
     return torch.empty(shape, device=device, dtype=dtype)
 
 
-def _launch(q, k, v, seqlens, block_table, page_size, n_max, sm_scale, num_splits, config,
-            return_lse, paged):
-    B, H, N_q, D = q.shape
-    H_kv = k.shape[2] if paged else k.shape[1]
-    group = H // H_kv
-    rows = group * N_q
+@dataclass
+class SplitPlan:
+    """What a decode step needs besides its tensors, decided once per batch shape: the split
+    count, the launch config, the grids and the splits' scratch buffers (partial outputs and
+    lses). ``run_plan`` then only launches the two kernels: no host computation, no allocation,
+    no read of device memory, so a step can be captured in a CUDA graph.
+    """
+
+    B: int
+    H: int
+    H_kv: int
+    N_q: int
+    D: int
+    n_max: int
+    paged: bool
+    page_size: int
+    num_blocks: int
+    num_splits: int
+    block_m: int
+    m_tiles: int
+    config: dict
+    o_part: torch.Tensor
+    lse_part: torch.Tensor
+
+
+def make_plan(B: int, H: int, H_kv: int, N_q: int, D: int, n_max: int, device, *,
+              num_splits: int | None = None, config: dict | None = None, paged: bool = False,
+              page_size: int = 1, num_blocks: int = 1, sm_count: int | None = None) -> SplitPlan:
+    """A ``SplitPlan`` for caches of at most ``n_max`` keys (inputs already validated)."""
+    cfg = dict(config) if config is not None else pick_config(D)
+    rows = (H // H_kv) * N_q
     block_m = _block_m(rows)
     m_tiles = _cdiv(rows, block_m)
-    cfg = config
     if num_splits is None:
-        num_splits = choose_num_splits(B, H_kv, n_max, cfg["BLOCK_N"], m_tiles=m_tiles,
+        num_splits = choose_num_splits(B, H_kv, n_max, cfg["BLOCK_N"], sm_count=sm_count,
+                                       m_tiles=m_tiles,
                                        max_splits=INTERPRET_MAX_SPLITS if INTERPRET else MAX_SPLITS)
+    return SplitPlan(
+        B, H, H_kv, N_q, D, n_max, paged, page_size, num_blocks, num_splits, block_m, m_tiles,
+        cfg,
+        o_part=_empty((B, H, N_q, num_splits, D), device=device, dtype=torch.float32),
+        lse_part=_empty((B, H, N_q, num_splits), device=device, dtype=torch.float32))
 
-    o_part = _empty((B, H, N_q, num_splits, D), device=q.device, dtype=torch.float32)
-    lse_part = _empty((B, H, N_q, num_splits), device=q.device, dtype=torch.float32)
-    out = _empty((B, H, N_q, D), device=q.device, dtype=q.dtype)
-    lse = _empty((B, H, N_q), device=q.device, dtype=torch.float32)
 
-    if paged:  # k (num_blocks, block_size, H_kv, D): block, slot, head strides
+def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, out, lse):
+    """The two launches of a decode step: the split kernel, then the merge into ``out`` (B, H,
+    N_q, D) and ``lse`` (B, H, N_q). ``k``, ``v``: (B, H_kv, N, D) contiguous-cache layout, or
+    (num_blocks, block_size, H_kv, D) pages with ``block_table``; ``seqlens`` (B,) int32 or
+    None. Launched through ``course_lib._launch.launch`` (Triton's host work once per key)."""
+    if plan.paged:  # k (num_blocks, block_size, H_kv, D): block, slot, head strides
         skb, skn, skh = k.stride(0), k.stride(1), k.stride(2)
         svb, svn, svh = v.stride(0), v.stride(1), v.stride(2)
         stride_bt = block_table.stride(0)
@@ -384,105 +407,22 @@ def _launch(q, k, v, seqlens, block_table, page_size, n_max, sm_scale, num_split
         skb, skh, skn = k.stride(0), k.stride(1), k.stride(2)
         svb, svh, svn = v.stride(0), v.stride(1), v.stride(2)
         stride_bt = 0
+    cfg, B, H, N_q, D = plan.config, plan.B, plan.H, plan.N_q, plan.D
     has_seqlens = seqlens is not None
-    grid = (num_splits, B * H_kv, m_tiles)
-    _decode_split_kernel[grid](
-        q, k, v, seqlens if has_seqlens else q, block_table if paged else q, o_part, lse_part,
-        q.stride(0), q.stride(1), q.stride(2),
-        skb, skh, skn, svb, svh, svn, stride_bt,
-        sm_scale * LOG2E, H, n_max,
-        N_Q=N_q, GROUP=group, NUM_SPLITS=num_splits, HEAD_DIM=D,
-        BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], PAGED=paged, PAGE_SIZE=page_size,
-        HAS_SEQLENS=has_seqlens, IEEE_DOT=q.dtype == torch.float32,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )
-    _decode_merge_kernel[(B * H * N_q,)](
-        o_part, lse_part, out, lse, H,
-        out.stride(0), out.stride(1), out.stride(2),
-        N_Q=N_q, NUM_SPLITS=num_splits, BLOCK_S=_next_pow2(num_splits),
-        HEAD_DIM=D, CHUNK=min(16, _next_pow2(num_splits)),
-        num_warps=4 if D >= 128 else 2,
-    )
-    return (out, lse) if return_lse else out
-
-
-def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm_scale=None,
-                 return_lse=False, config=None, validate=True):
-    """Flash-Decoding: attention of a few query tokens to a KV cache, split over the keys.
-
-    q (B, H, N_q, D); k_cache, v_cache (B, H_kv, N_max, D) with H a multiple of H_kv (GQA);
-    cache_seqlens (B,) int32: sequence b uses its first L_b keys (None: all N_max). With
-    N_q > 1 the queries are causal among themselves, bottom-right aligned: query i sees keys
-    j <= L_b − N_q + i. Returns o (B, H, N_q, D) in q's dtype, and with ``return_lse`` also the
-    natural-log log-sum-exp (B, H, N_q) fp32 (−inf for a row that sees no key; its o is 0).
-
-    num_splits: key splits per sequence (None: chosen from the SM count and the work);
-    config: override of dict(BLOCK_N, num_warps, num_stages); validate=False skips the checks
-    that read device memory (cache_seqlens within [0, N_max]).
-    """
-    B, H, H_kv, N_q, N_max, D = check_attention_inputs(q, k_cache, v_cache)
-    _check_num_splits(num_splits)
-    sm_scale = check_sm_scale(sm_scale, D)
-    cfg = _check_config(config, D)
-    if cache_seqlens is not None:
-        check_int_vector("cache_seqlens", cache_seqlens, B, q.device)
-        if validate:
-            lo, hi = int(cache_seqlens.min()), int(cache_seqlens.max())
-            if lo < 0 or hi > N_max:
-                raise ValueError(f"cache_seqlens must lie in [0, {N_max}] (the cache's N_max), "
-                                 f"got values in [{lo}, {hi}]")
-        cache_seqlens = cache_seqlens.to(torch.int32)
-    return _launch(q, k_cache, v_cache, cache_seqlens, None, 1, N_max, sm_scale, num_splits,
-                   cfg, return_lse, paged=False)
-
-
-def paged_decode(q, k_pages, v_pages, block_table, cache_seqlens, num_splits=None, *,
-                 sm_scale=None, return_lse=False, config=None, validate=True):
-    """PagedAttention decode: like ``flash_decode``, with K/V stored in fixed-size pages.
-
-    q (B, H, N_q, D); k_pages, v_pages (num_blocks, block_size, H_kv, D) — the vLLM layout,
-    block_size 16 by default in ``course_lib.kvcache``; block_table (B, max_blocks) int32 maps
-    sequence b's logical block j (keys j·block_size …) to a physical block; cache_seqlens (B,)
-    int32. Entries past a sequence's last block are ignored. Raises ValueError when a used
-    block id is outside [0, num_blocks) or a length does not fit in max_blocks·block_size.
-    Returns what ``flash_decode`` returns on the same logical data.
-    """
-    check_tensor("q", q, 4)
-    for name, t in (("k_pages", k_pages), ("v_pages", v_pages)):
-        check_tensor(name, t, 4)
-    if k_pages.shape != v_pages.shape:
-        raise ValueError(f"k_pages and v_pages must have one shape, got {tuple(k_pages.shape)} "
-                         f"and {tuple(v_pages.shape)}")
-    num_blocks, block_size, H_kv, D = k_pages.shape
-    # Reuse the shared checks on a (B, H_kv, block_size, D) view of the first pages' shape.
-    B = q.shape[0]
-    k_view = k_pages[:1].permute(0, 2, 1, 3).expand(B, H_kv, block_size, D)
-    v_view = v_pages[:1].permute(0, 2, 1, 3).expand(B, H_kv, block_size, D)
-    _, H, _, N_q, _, _ = check_attention_inputs(q, k_view, v_view)
-    if k_pages.stride(3) != 1 or v_pages.stride(3) != 1:
-        raise ValueError("k_pages and v_pages must be contiguous in the head dim (stride 1)")
-    if not isinstance(block_table, torch.Tensor):
-        raise TypeError(f"block_table must be a torch.Tensor of int32, got "
-                        f"{type(block_table).__name__}")
-    if block_table.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"block_table must hold integers (int32), got {block_table.dtype}")
-    if block_table.ndim != 2 or block_table.shape[0] != B:
-        raise ValueError(f"block_table must have shape (B={B}, max_blocks), "
-                         f"got {tuple(block_table.shape)}")
-    if block_table.device != q.device:
-        raise ValueError(f"block_table is on {block_table.device} but q is on {q.device}")
-    if cache_seqlens is None:
-        raise ValueError("cache_seqlens is required for paged_decode (one length per sequence)")
-    check_int_vector("cache_seqlens", cache_seqlens, B, q.device)
-    _check_num_splits(num_splits)
-    sm_scale = check_sm_scale(sm_scale, D)
-    cfg = _check_config(config, D)
-    max_blocks = block_table.shape[1]
-    capacity = max_blocks * block_size
-    if validate:
-        check_block_table(block_table, cache_seqlens, num_blocks, block_size, capacity)
-    if block_table.dtype != torch.int32 or block_table.stride(1) != 1:
-        block_table = block_table.to(torch.int32).contiguous()
-    cache_seqlens = cache_seqlens.to(torch.int32)
-    return _launch(q, k_pages, v_pages, cache_seqlens, block_table, block_size, capacity,
-                   sm_scale, num_splits, cfg, return_lse, paged=True)
+    launch(_decode_split_kernel, (plan.num_splits, B * plan.H_kv, plan.m_tiles),
+           q, k, v, seqlens if has_seqlens else q, block_table if plan.paged else q,
+           plan.o_part, plan.lse_part,
+           q.stride(0), q.stride(1), q.stride(2),
+           skb, skh, skn, svb, svh, svn, stride_bt,
+           sm_scale * LOG2E, H, plan.n_max, plan.num_blocks,
+           N_Q=N_q, GROUP=H // plan.H_kv, NUM_SPLITS=plan.num_splits, HEAD_DIM=D,
+           BLOCK_M=plan.block_m, BLOCK_N=cfg["BLOCK_N"], PAGED=plan.paged,
+           PAGE_SIZE=plan.page_size, HAS_SEQLENS=has_seqlens, IEEE_DOT=q.dtype == torch.float32,
+           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    launch(_decode_merge_kernel, (B * H * N_q,),
+           plan.o_part, plan.lse_part, out, lse, H,
+           out.stride(0), out.stride(1), out.stride(2),
+           N_Q=N_q, NUM_SPLITS=plan.num_splits, BLOCK_S=_next_pow2(plan.num_splits),
+           HEAD_DIM=D, CHUNK=min(16, _next_pow2(plan.num_splits)),
+           num_warps=4 if D >= 128 else 2)
+    return out, lse

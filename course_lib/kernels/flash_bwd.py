@@ -1,9 +1,9 @@
 """FlashAttention-2 backward in Triton: dQ, dK, dV without the N_q × N_k matrix.
 
-Introduced in notebooks/10_backward.ipynb. ``course_lib.ops.flash_attn_v2`` calls the launcher
-``flash_attn_v2_backward`` from its autograd Function. References: Dao et al. 2022,
-"FlashAttention", Appendix B (the gradients, Algorithm 4, Theorem 5); Dao 2023,
-"FlashAttention-2", section 3.1.2; the loop structure of Triton's tutorial 06.
+Introduced in notebooks/10_backward.ipynb; ``course_lib.ops.flash_attn_v2`` calls the launcher
+``flash_attn_v2_backward`` through the operator ``course::flash_attn_bwd``. References: Dao et
+al. 2022, "FlashAttention", Appendix B (Algorithm 4, Theorem 5); Dao 2023, "FlashAttention-2",
+section 3.1.2; the loop structure of Triton's tutorial 06.
 
 What it computes. With S = sm_scale·QKᵀ (masked), P = exp(S − lse) and O = PV:
 
@@ -30,7 +30,11 @@ five: S and dP are computed twice, in exchange for no atomics and a deterministi
 Causal (bottom-right) programs visit only blocks that can be non-zero: a masked band along the
 diagonal, then unmasked blocks; ragged ends are masked.
 
-Configurations: ``GPU_CONFIGS`` by head dim below ``AUTOTUNE_MIN_N``, the autotuner over
+Head dims: every multiple of 8 from 16 to 256. A kernel spans D rounded up to a power of two
+(``HEAD_DIM_PAD``: 40 -> 64) and masks the columns past D: they load as 0, add nothing to any
+dot product over D (S, dP, delta) and are never stored. A power-of-two D has no column mask.
+
+Configurations: ``GPU_CONFIGS`` by (padded) head dim below ``AUTOTUNE_MIN_N``, the autotuner over
 ``DKDV_CONFIGS`` and ``DQ_CONFIGS`` above it, ``INTERPRETER_CONFIG`` in the interpreter (fp32,
 fp16 and fp64 there, for ``torch.autograd.gradcheck``).
 
@@ -54,8 +58,11 @@ import triton.language as tl
 from course_lib._device import INTERPRET, refuse_bf16_in_interpreter
 from course_lib.kernels.attention_common import (
     AUTOTUNE_MIN_N,
+    _load_tile,
     _q_block_program,
+    _tile_mask,
     dot_precision,
+    head_dim_pad,
     interpreter_errstate,
 )
 from course_lib.reference import LOG2E
@@ -63,20 +70,23 @@ from course_lib.reference import LOG2E
 
 # --------------------------------------------------------------------------------------------
 # 1. Preprocess: delta = rowsum(dO ∘ O), lse₂ = lse · log2(e) (with -inf -> +inf)
-# --------------------------------------------------------------------------------------------
 @triton.jit
 def _bwd_preprocess_kernel(O, DO, LSE, Delta, LSE2, N_Q,
                            HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
+    HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)  # tl.arange's power of two
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
     mask_m = offs_m < N_Q
+    d_ok = offs_d[None, :] < HEAD_DIM  # with PAD_D: the padding loads as 0, adds 0 to delta
     acc_ty = Delta.dtype.element_ty  # fp32 (fp64 only for gradcheck in the interpreter)
     base = pid_bh.to(tl.int64) * N_Q * HEAD_DIM
-    ptrs = base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]  # (BLOCK_M, HEAD_DIM)
-    o = tl.load(O + ptrs, mask=mask_m[:, None], other=0.0).to(acc_ty)
-    do = tl.load(DO + ptrs, mask=mask_m[:, None], other=0.0).to(acc_ty)
+    ptrs = base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]  # (BLOCK_M, HEAD_DIM_PAD)
+    m_ok = _tile_mask(mask_m[:, None], d_ok, PAD_D)
+    o = tl.load(O + ptrs, mask=m_ok, other=0.0).to(acc_ty)
+    do = tl.load(DO + ptrs, mask=m_ok, other=0.0).to(acc_ty)
     delta = tl.sum(o * do, axis=1)  # (BLOCK_M,)
     row = pid_bh.to(tl.int64) * N_Q + offs_m
     lse = tl.load(LSE + row, mask=mask_m, other=0.0).to(acc_ty)
@@ -87,7 +97,6 @@ def _bwd_preprocess_kernel(O, DO, LSE, Delta, LSE2, N_Q,
 
 # --------------------------------------------------------------------------------------------
 # 2. dK, dV: a K/V block stays on chip, Q blocks stream past
-# --------------------------------------------------------------------------------------------
 @triton.jit
 def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE2, Delta, qk_scale, offs_n, start_m, num_steps,
                     N_Q, q_offset,
@@ -97,28 +106,30 @@ def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE2, Delta, qk_scale, offs_n, start_m,
 
     Q, DO, LSE2, Delta point at the head's first row. With CAUSAL_MASK, Pᵀ is zeroed where key
     j > i + q_offset; with CHECK_M, rows i >= N_Q are masked in the loads (lse₂ = +inf: P = 0).
+    A head dim that is not a power of two is padded (columns past HEAD_DIM load as 0).
     """
-    offs_d = tl.arange(0, HEAD_DIM)
+    HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    dT_ok, d_ok = offs_d[:, None] < HEAD_DIM, offs_d[None, :] < HEAD_DIM  # Qᵀ's, dO's columns
     for step in range(num_steps):
         offs_m = start_m + step * BLOCK_M + tl.arange(0, BLOCK_M)
-        qT_ptrs = Q + offs_m[None, :] * HEAD_DIM + offs_d[:, None]  # (HEAD_DIM, BLOCK_M)
-        do_ptrs = DO + offs_m[:, None] * HEAD_DIM + offs_d[None, :]  # (BLOCK_M, HEAD_DIM)
+        qT_ptrs = Q + offs_m[None, :] * HEAD_DIM + offs_d[:, None]  # (HEAD_DIM_PAD, BLOCK_M)
+        do_ptrs = DO + offs_m[:, None] * HEAD_DIM + offs_d[None, :]  # (BLOCK_M, HEAD_DIM_PAD)
+        in_m = offs_m < N_Q
+        qT = _load_tile(qT_ptrs, in_m[None, :], dT_ok, CHECK_M, PAD_D)
         if CHECK_M:
-            in_m = offs_m < N_Q
-            qT = tl.load(qT_ptrs, mask=in_m[None, :], other=0.0)
             lse2 = tl.load(LSE2 + offs_m, mask=in_m, other=float("inf"))
         else:
-            qT = tl.load(qT_ptrs)
             lse2 = tl.load(LSE2 + offs_m)
         qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M) = (K Qᵀ)
         pT = tl.math.exp2(qkT * qk_scale - lse2[None, :])  # Pᵀ, recomputed from the lse
         if CAUSAL_MASK:
             pT = tl.where(offs_n[:, None] <= offs_m[None, :] + q_offset, pT, 0.0)
+        do = _load_tile(do_ptrs, in_m[:, None], d_ok, CHECK_M, PAD_D)
         if CHECK_M:
-            do = tl.load(do_ptrs, mask=in_m[:, None], other=0.0)
             delta = tl.load(Delta + offs_m, mask=in_m, other=0.0)
         else:
-            do = tl.load(do_ptrs)
             delta = tl.load(Delta + offs_m)
         dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # dV += Pᵀ dO
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M)
@@ -142,17 +153,21 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE2, Delta, DK, DV,
     hk = bhk % H_KV
     group = H // H_KV
     start_n = pid_n * BLOCK_N
+    HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)  # tl.arange's power of two
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
     in_n = offs_n < N_K
+    d_ok = offs_d[None, :] < HEAD_DIM
     acc_ty = Delta.dtype.element_ty
 
     kv_off = bhk.to(tl.int64) * N_K * HEAD_DIM
-    kv_ptrs = offs_n[:, None] * HEAD_DIM + offs_d[None, :]  # (BLOCK_N, HEAD_DIM)
-    k = tl.load(K + kv_off + kv_ptrs, mask=in_n[:, None], other=0.0)
-    v = tl.load(V + kv_off + kv_ptrs, mask=in_n[:, None], other=0.0)
-    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=acc_ty)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=acc_ty)
+    kv_ptrs = offs_n[:, None] * HEAD_DIM + offs_d[None, :]  # (BLOCK_N, HEAD_DIM_PAD)
+    n_ok = _tile_mask(in_n[:, None], d_ok, PAD_D)  # columns past HEAD_DIM: 0, never stored
+    k = tl.load(K + kv_off + kv_ptrs, mask=n_ok, other=0.0)
+    v = tl.load(V + kv_off + kv_ptrs, mask=n_ok, other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=acc_ty)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=acc_ty)
 
     # Which query rows can see this key block: the same for every head of the group.
     q_offset = N_K - N_Q
@@ -191,30 +206,28 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE2, Delta, DK, DV,
 
     dk = dk * sm_scale
     out_off = pid_bhs.to(tl.int64) * N_K * HEAD_DIM  # = (split · B·H_KV + bhk) · N_K · D
-    tl.store(DK + out_off + kv_ptrs, dk.to(DK.dtype.element_ty), mask=in_n[:, None])
-    tl.store(DV + out_off + kv_ptrs, dv.to(DV.dtype.element_ty), mask=in_n[:, None])
+    tl.store(DK + out_off + kv_ptrs, dk.to(DK.dtype.element_ty), mask=n_ok)
+    tl.store(DV + out_off + kv_ptrs, dv.to(DV.dtype.element_ty), mask=n_ok)
 
 
 # --------------------------------------------------------------------------------------------
 # 3. dQ: a Q block stays on chip, K/V blocks stream past
-# --------------------------------------------------------------------------------------------
 @triton.jit
 def _bwd_dq_inner(dq, q, do, lse2, delta, K, V, qk_scale, offs_m, start_n, num_steps,
                   N_K, q_offset,
                   BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL_MASK: tl.constexpr,
                   CHECK_N: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Accumulate dQ (unscaled) of one Q block over ``num_steps`` key blocks of its K/V head."""
-    offs_d = tl.arange(0, HEAD_DIM)
+    HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    dT_ok = offs_d[:, None] < HEAD_DIM  # with PAD_D: the padding columns, for Kᵀ and Vᵀ
     for step in range(num_steps):
         offs_n = start_n + step * BLOCK_N + tl.arange(0, BLOCK_N)
-        kT_ptrs = offs_n[None, :] * HEAD_DIM + offs_d[:, None]  # (HEAD_DIM, BLOCK_N)
-        if CHECK_N:
-            in_n = offs_n < N_K
-            kT = tl.load(K + kT_ptrs, mask=in_n[None, :], other=0.0)
-            vT = tl.load(V + kT_ptrs, mask=in_n[None, :], other=0.0)
-        else:
-            kT = tl.load(K + kT_ptrs)
-            vT = tl.load(V + kT_ptrs)
+        kT_ptrs = offs_n[None, :] * HEAD_DIM + offs_d[:, None]  # (HEAD_DIM_PAD, BLOCK_N)
+        in_n = offs_n < N_K
+        kT = _load_tile(K + kT_ptrs, in_n[None, :], dT_ok, CHECK_N, PAD_D)
+        vT = _load_tile(V + kT_ptrs, in_n[None, :], dT_ok, CHECK_N, PAD_D)
         qk = tl.dot(q, kT, input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
         p = tl.math.exp2(qk * qk_scale - lse2[:, None])
         if CHECK_N:  # keys past N_K (and, causal, right of the diagonal) contribute nothing
@@ -236,21 +249,25 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE2, Delta, DQ,
                    DOT_PRECISION: tl.constexpr):
     pid_m, pid_bh, b, h, hk = _q_block_program(H, H // H_KV, CAUSAL)
     start_m = pid_m * BLOCK_M
+    HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)  # tl.arange's power of two
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
     in_m = offs_m < N_Q
+    d_ok = offs_d[None, :] < HEAD_DIM
     acc_ty = Delta.dtype.element_ty
 
     row0 = pid_bh.to(tl.int64) * N_Q
-    q_ptrs = (row0 + offs_m[:, None]) * HEAD_DIM + offs_d[None, :]  # (BLOCK_M, HEAD_DIM)
-    q = tl.load(Q + q_ptrs, mask=in_m[:, None], other=0.0)
-    do = tl.load(DO + q_ptrs, mask=in_m[:, None], other=0.0)
+    q_ptrs = (row0 + offs_m[:, None]) * HEAD_DIM + offs_d[None, :]  # (BLOCK_M, HEAD_DIM_PAD)
+    m_ok = _tile_mask(in_m[:, None], d_ok, PAD_D)  # columns past HEAD_DIM: 0, never stored
+    q = tl.load(Q + q_ptrs, mask=m_ok, other=0.0)
+    do = tl.load(DO + q_ptrs, mask=m_ok, other=0.0)
     lse2 = tl.load(LSE2 + row0 + offs_m, mask=in_m, other=float("inf"))
     delta = tl.load(Delta + row0 + offs_m, mask=in_m, other=0.0)
     kv_off = (b * H_KV + hk).to(tl.int64) * N_K * HEAD_DIM
     Kh = K + kv_off
     Vh = V + kv_off
-    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=acc_ty)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=acc_ty)
 
     q_offset = N_K - N_Q
     if CAUSAL:
@@ -269,7 +286,7 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE2, Delta, DQ,
     dq = _bwd_dq_inner(dq, q, do, lse2, delta, Kh, Vh, qk_scale, offs_m, n_masked, num_masked,
                        N_K, q_offset, MASK_BLOCK_N, HEAD_DIM, CAUSAL, True, DOT_PRECISION)
     dq = dq * sm_scale
-    tl.store(DQ + q_ptrs, dq.to(DQ.dtype.element_ty), mask=in_m[:, None])
+    tl.store(DQ + q_ptrs, dq.to(DQ.dtype.element_ty), mask=m_ok)
 
 
 # --------------------------------------------------------------------------------------------
@@ -308,8 +325,8 @@ class BwdConfig:
 
 
 # The named config per head dim (Triton tutorial 06's blocks for D <= 64). dK/dV holds two
-# BLOCK_N1 x D fp32 accumulators plus K and V on chip: at D = 128 that is 128 KB of registers
-# for BLOCK_N1 = 128, hence 8 warps; D = 256 needs narrow blocks.
+# BLOCK_N1 x D fp32 accumulators plus K, V on chip: 128 KB of registers at D 128 for
+# BLOCK_N1 = 128, hence 8 warps; D 256 needs narrow blocks.
 GPU_CONFIGS: dict[int, BwdConfig] = {
     16: BwdConfig(32, 128, 128, 32, 2, warps_kv=4, stages_kv=5, warps_q=4, stages_q=5),
     32: BwdConfig(32, 128, 128, 32, 2, warps_kv=4, stages_kv=5, warps_q=4, stages_q=5),
@@ -349,7 +366,8 @@ DQ_CONFIGS = [
 
 
 def keep_bwd_config_for_head_dim(configs, named_args, **kwargs):
-    """Autotune filter: the three candidates of each kernel's list meant for this head dim."""
+    """Autotune filter: the three candidates of each kernel's list meant for this head dim
+    (by the power of two it is padded to: D 72 to 128 share D 128's, 136 to 256 D 256's)."""
     d = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
     group = 0 if d <= 64 else (1 if d <= 128 else 2)
     return configs[3 * group:3 * group + 3]
@@ -365,13 +383,21 @@ _dq_tuned = triton.autotune(
 )(_bwd_dq_kernel)
 
 
+def gpu_config(head_dim: int) -> BwdConfig:
+    """The GPU's named configuration for this head dim: that of the power of two its tiles are
+    padded to (``GPU_CONFIGS[128]`` for D 80, ``GPU_CONFIGS[256]`` for D 160)."""
+    padded = head_dim_pad(head_dim)
+    if padded not in GPU_CONFIGS:
+        raise ValueError(f"no backward config for head dim {head_dim}; have {sorted(GPU_CONFIGS)} "
+                         "(and every head dim that pads to one of them)")
+    return GPU_CONFIGS[padded]
+
+
 def default_config(head_dim: int) -> BwdConfig:
     """The named configuration used for this head dim (the interpreter has its own)."""
     if INTERPRET:
         return INTERPRETER_CONFIG
-    if head_dim not in GPU_CONFIGS:
-        raise ValueError(f"no backward config for head dim {head_dim}; have {sorted(GPU_CONFIGS)}")
-    return GPU_CONFIGS[head_dim]
+    return gpu_config(head_dim)
 
 
 def choose_splits(B: int, H_kv: int, group: int, N_k: int, block_n1: int) -> int:
@@ -398,7 +424,8 @@ def flash_attn_v2_backward(do, q, k, v, o, lse, causal, sm_scale, config: BwdCon
     log-sum-exp (-inf where a row sees no key). Returns dq in q's dtype and dk, dv in k's dtype
     with H_kv heads (summed over each GQA group). ``config`` and ``splits`` override the
     defaults (tests and tuning). On a GPU, sequences of AUTOTUNE_MIN_N or more are autotuned
-    unless ``config`` is given; shorter ones use ``GPU_CONFIGS[D]``.
+    unless ``config`` is given; shorter ones use ``gpu_config(D)`` (``GPU_CONFIGS`` of the power
+    of two D is padded to).
     """
     B, H, N_q, D = q.shape
     H_kv, N_k = k.shape[1], k.shape[2]
@@ -469,4 +496,4 @@ def flash_attn_v2_backward(do, q, k, v, o, lse, causal, sm_scale, config: BwdCon
 
 
 __all__ = ["flash_attn_v2_backward", "BwdConfig", "GPU_CONFIGS",
-           "INTERPRETER_CONFIG", "default_config", "choose_splits"]
+           "INTERPRETER_CONFIG", "default_config", "gpu_config", "choose_splits"]

@@ -51,7 +51,7 @@ import triton.language as tl
 
 from course_lib._device import INTERPRET
 from course_lib.reference import LOG2E
-from course_lib.validate import check_attention_inputs, check_sm_scale
+from course_lib.validate import POW2_HEAD_DIMS, check_attention_inputs, check_sm_scale
 
 
 @triton.jit
@@ -242,7 +242,7 @@ def flash_attn_v1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     bottom-right aligned. ``block_m``/``block_n`` override the block sizes (for the lesson's
     experiments). Forward only: there is no backward for v1.
     """
-    D = check_attention_inputs(q, k, v)[-1]
+    D = check_attention_inputs(q, k, v, head_dims=POW2_HEAD_DIMS)[-1]
     sm_scale = check_sm_scale(sm_scale, D)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")

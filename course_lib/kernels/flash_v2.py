@@ -22,6 +22,11 @@ arithmetic, any stride); it writes O and the lse once. Key blocks come in two st
 ragged end, masked; blocks wholly above the diagonal are never loaded. Per score: one exp2
 (``qk_scale = sm_scale · log2 e``); α rescales only the accumulator; one division at the end.
 
+Head dims: every multiple of 8 from 16 to 256. ``tl.arange`` needs a power of two, so the tiles
+span D rounded up (``HEAD_DIM_PAD``: 80 -> 128) and the columns past D are masked: loaded as 0,
+they add nothing to QKᵀ nor to PV, and they are never stored. A power-of-two D compiles to the
+code it had before (no column mask).
+
 Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22 (fp16, B·N = 32k,
 H·D = 2048; every provider called eagerly, ``do_bench`` median of 5 interleaved rounds; FLOPs
 4·B·H·N²·D; course_lib/data/attention_fwd.json):
@@ -47,24 +52,30 @@ from course_lib.kernels.attention_common import (  # noqa: F401 (the lesson read
     _softmax_scores,
     allocate_outputs,
     dot_precision,
+    head_dim_pad,
     launch,
 )
 from course_lib.reference import LOG2E  # noqa: F401 (notebook 08 reads LOG2E here)
 
 
 @triton.jit
-def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d,
+def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, d_ok,
                lo, hi, N_K, q_offset, qk_scale,
                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-               DOT_PRECISION: tl.constexpr):
+               DOT_PRECISION: tl.constexpr, PAD_D: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         offs_n = start_n + offs_n0
-        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :]  # (BLOCK_N, HEAD_DIM)
-        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]  # (BLOCK_N, HEAD_DIM)
-        if MASKED:
-            k = tl.load(k_ptrs, mask=offs_n[:, None] < N_K, other=0.0)
+        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :]  # (BLOCK_N, HEAD_DIM_PAD)
+        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]  # (BLOCK_N, HEAD_DIM_PAD)
+        if MASKED:  # the ragged end of the keys
+            kv_ok = offs_n[:, None] < N_K
+            if PAD_D:
+                kv_ok = kv_ok & d_ok
+            k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
+        elif PAD_D:  # whole key blocks: only the padding columns of the head dim are masked
+            k = tl.load(k_ptrs, mask=d_ok, other=0.0)
         else:
             k = tl.load(k_ptrs)
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
@@ -73,7 +84,9 @@ def _fwd_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, o
             valid = valid & (offs_n[None, :] <= offs_m[:, None] + q_offset)
         p, m_i, l_i, acc = _online_softmax_step(qk, m_i, l_i, acc, valid, qk_scale, MASKED)
         if MASKED:
-            v = tl.load(v_ptrs, mask=offs_n[:, None] < N_K, other=0.0)
+            v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
+        elif PAD_D:
+            v = tl.load(v_ptrs, mask=d_ok, other=0.0)
         else:
             v = tl.load(v_ptrs)
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
@@ -93,34 +106,41 @@ def _flash_fwd_v2_kernel(
 ):
     pid_m, pid_bh, b, h, h_kv = _q_block_program(H, GROUP, CAUSAL)
     start_m = pid_m * BLOCK_M
+    # tl.arange needs a power of two: a head dim like 80 runs as 128 columns, the last 48 masked
+    HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = offs_d[None, :] < HEAD_DIM
     q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     k_base = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
     v_base = V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
-    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :],
-                mask=offs_m[:, None] < N_Q, other=0.0)  # (BLOCK_M, HEAD_DIM), stays on chip
+    m_ok = offs_m[:, None] < N_Q
+    if PAD_D:
+        m_ok = m_ok & d_ok  # the columns past HEAD_DIM: loaded as 0, never stored
+    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=m_ok,
+                other=0.0)  # (BLOCK_M, HEAD_DIM_PAD), stays on chip
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
 
     lo_masked, hi = _causal_bounds(start_m, N_Q, N_K, CAUSAL, BLOCK_M, BLOCK_N)
     q_offset = N_K - N_Q
     # stage 1: key blocks every row sees in full (no mask at all)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
-                               offs_m, offs_d, 0, lo_masked, N_K, q_offset, qk_scale,
-                               BLOCK_N, False, CAUSAL, DOT_PRECISION)
+                               offs_m, offs_d, d_ok, 0, lo_masked, N_K, q_offset, qk_scale,
+                               BLOCK_N, False, CAUSAL, DOT_PRECISION, PAD_D)
     # stage 2: the diagonal band and the ragged end of the keys (masked)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
-                               offs_m, offs_d, lo_masked, hi, N_K, q_offset, qk_scale,
-                               BLOCK_N, True, CAUSAL, DOT_PRECISION)
+                               offs_m, offs_d, d_ok, lo_masked, hi, N_K, q_offset, qk_scale,
+                               BLOCK_N, True, CAUSAL, DOT_PRECISION, PAD_D)
 
     o, lse = _epilogue(acc, m_i, l_i)
     o_base = O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :], o.to(O.dtype.element_ty),
-             mask=offs_m[:, None] < N_Q)
+             mask=m_ok)
     tl.store(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
 
 
@@ -137,12 +157,15 @@ PORTABLE_CONFIGS = [_cfg(128, 64, 4, 3), _cfg(128, 128, 8, 3), _cfg(64, 64, 4, 3
 
 
 def keep_config_for_head_dim(configs, named_args, **kwargs):
-    """Autotune filter: tiles whose shared memory fits, sized to the head dim.
+    """Autotune filter: tiles whose shared memory fits, sized to the (padded) head dim.
 
     HEAD_DIM 256 keeps only 64-row tiles (a 128 x 256 Q tile plus K/V stages overflows the
-    228 KB of an H100 SM); HEAD_DIM 128 drops 128 x 128 with 3 stages for the same reason.
+    228 KB of an H100 SM); HEAD_DIM 128 drops 128 x 128 with 3 stages for the same reason. A
+    head dim that is not a power of two gets the choice of the power of two its tiles are
+    padded to (160 -> 256, 80 -> 128).
     """
     d = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
+    d = head_dim_pad(d)
     kept = []
     for c in configs:
         bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]

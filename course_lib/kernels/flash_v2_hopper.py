@@ -2,7 +2,9 @@
 
 Introduced in notebooks/09_hopper.ipynb. Same function as the portable kernel (``flash_v2.py``),
 called through ``course_lib.ops.flash_attn_v2``, which picks this kernel on sm_90 for head dims
-of 64 and more when the inputs suit TMA. The launcher is ``forward_hopper``.
+of 64 and more when the inputs suit TMA. The launcher is ``forward_hopper``. Head dims are powers
+of two here (a TMA tile spans the whole head dim); the others (every multiple of 8 from 16 to
+256) run the portable kernel, which pads them.
 
 What it computes. The same as ``flash_v2.py``: O = softmax(sm_scale · QKᵀ [causal, bottom-right])
 ·V and the lse per row, with GQA; O = 0 and lse = −inf for a row that sees no key.
@@ -314,8 +316,13 @@ def tma_ready(t: torch.Tensor) -> torch.Tensor:
 
 
 def forward_hopper(q, k, v, causal, sm_scale, out=None):
-    """Forward on validated inputs with the TMA kernel: (o, lse)."""
+    """Forward on validated inputs with the TMA kernel: (o, lse). Power-of-two head dims only:
+    a TMA tile spans the whole head dim, and ``best_impl`` sends any other to the portable
+    kernel, which pads it."""
     B, H, N_Q, D = q.shape
+    if D & (D - 1):
+        raise ValueError(f"the Hopper kernel (impl='hopper') takes power-of-two head dims only, "
+                         f"got head dim {D} of q; use impl='portable' (or None)")
     H_KV, N_K = k.shape[1], k.shape[2]
     q, k, v = (tma_ready(t) for t in (q, k, v))
     o, lse = allocate_outputs(q, out)

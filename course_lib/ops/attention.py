@@ -1,17 +1,21 @@
-"""FlashAttention-2 as one differentiable function: ``flash_attn_v2`` and its autograd Function.
+"""FlashAttention-2 as one differentiable function, and as PyTorch operators.
 
 Introduced in notebooks/08_triton_flash_v2.ipynb (the backward in notebooks/10_backward.ipynb).
 The kernels live one version per file in ``course_lib.kernels``: the portable forward
 (``flash_v2``), the Hopper forward (``flash_v2_hopper``) and the backward (``flash_bwd``). This
-module validates the inputs, picks the forward for the GPU (``best_impl``), and ties the forward
-and the backward together in ``FlashAttnV2Function``: it saves q, k, v, O and the lse (never P).
+module validates the inputs, picks the forward for the GPU (``best_impl``), and registers both
+directions with ``torch.library`` as the custom operators ``course::flash_attn_fwd`` and
+``course::flash_attn_bwd``: each has a fake implementation (shapes and dtypes only), so
+``torch.compile(fullgraph=True)`` traces through them, and the forward's autograd formula calls
+the backward operator, saving q, k, v, O and the lse (never P). An eager call with no gradient to
+take skips the dispatcher and launches the kernel directly: the same function, less host time.
 """
 from __future__ import annotations
 
 import torch
 
 from course_lib._device import DEVICE
-from course_lib.kernels.attention_common import MAX_GRID_Y
+from course_lib.kernels.attention_common import AUTOTUNE_MIN_N, MAX_GRID_Y
 from course_lib.kernels.flash_bwd import flash_attn_v2_backward
 from course_lib.kernels.flash_v2 import forward_portable
 from course_lib.kernels.flash_v2_hopper import forward_hopper, tma_compatible
@@ -31,11 +35,17 @@ IMPLS = _available_impls()
 
 def best_impl(q: torch.Tensor, k: torch.Tensor | None = None,
               v: torch.Tensor | None = None) -> str:
-    """The implementation ``impl=None`` picks: the Hopper kernel on sm_90 for head dims of 64
-    and more when every input suits TMA (``tma_compatible``), else the portable one. The
-    measurements behind it (the Hopper kernel faster at every shape of the sweep from D 64 on;
-    smaller head dims not measured) are in course_lib/data/attention_fwd.json."""
-    if DEVICE == "cuda" and "hopper" in IMPLS and q.shape[-1] >= 64:
+    """The implementation ``impl=None`` picks: the Hopper kernel on sm_90 for power-of-two head
+    dims of 64 and more (its TMA tiles span exactly D) and sequences of ``AUTOTUNE_MIN_N`` keys
+    or queries and more, when every input suits TMA (``tma_compatible``); else the portable one.
+    The measurements behind it: the Hopper kernel is faster on the GPU at every shape of the
+    sweep from D 64 on (course_lib/data/attention_fwd.json), but its launch builds four TMA
+    descriptors on the host, which made a call at a short length several times slower than
+    the portable kernel's cached launch (course_lib/data/dropin.json, ``host``)."""
+    D = q.shape[-1]
+    long_enough = max(q.shape[-2], k.shape[-2] if k is not None else 0) >= AUTOTUNE_MIN_N
+    if (DEVICE == "cuda" and "hopper" in IMPLS and D >= 64 and D & (D - 1) == 0
+            and long_enough):
         if all(tma_compatible(t) for t in (q, k, v) if t is not None):
             return "hopper"
     return "portable"
@@ -60,7 +70,8 @@ def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=N
     q (B, H, N_q, D); k, v (B, H_kv, N_k, D) with H a multiple of H_kv. ``causal`` is
     bottom-right aligned. Returns O (B, H, N_q, D) in q's dtype, and with ``return_lse`` also the
     natural-log log-sum-exp (B, H, N_q) in fp32. ``impl`` picks a kernel from ``IMPLS`` (None:
-    the fastest for this GPU). Differentiable when an input requires grad.
+    the fastest for this GPU). Differentiable when an input requires grad, and traceable by
+    ``torch.compile`` (the operator ``course::flash_attn_fwd``).
     """
     D = check_attention_inputs(q, k, v)[-1]
     sm_scale = check_sm_scale(sm_scale, D)
@@ -71,35 +82,59 @@ def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=N
     if q.shape[0] * q.shape[1] > MAX_GRID_Y:
         raise ValueError(f"q's batch x heads = {q.shape[0] * q.shape[1]} exceeds {MAX_GRID_Y}, "
                          "the CUDA grid's limit on the axis that carries them; split the batch")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        return FlashAttnV2Function.apply(q, k, v, causal, sm_scale, return_lse, impl)
-    o, lse = _flash_attn_v2_forward(q, k, v, causal, sm_scale, impl)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if needs_grad or torch.compiler.is_compiling():
+        o, lse = torch.ops.course.flash_attn_fwd(q, k, v, causal, sm_scale, impl or "auto")
+    else:  # eager, no autograd: the kernel directly, without the dispatcher's host time
+        o, lse = _flash_attn_v2_forward(q, k, v, causal, sm_scale, impl)
     return (o, lse) if return_lse else o
 
 
-class FlashAttnV2Function(torch.autograd.Function):
-    """``flash_attn_v2`` with a backward: saves q, k, v, O and the lse (never P).
+# ---------------------------------------------------------------------------------------------
+# The operators: torch.library custom ops with fake implementations and an autograd formula
+# ---------------------------------------------------------------------------------------------
 
-    Called by ``flash_attn_v2`` on validated inputs when a gradient
-    is needed. Returns O, or (O, lse) with the lse marked non-differentiable.
-    """
+@torch.library.custom_op("course::flash_attn_fwd", mutates_args=())
+def _flash_attn_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                       sm_scale: float, impl: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O, lse) of validated inputs; ``impl`` "auto" picks the kernel for these tensors."""
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    return _flash_attn_v2_forward(q, k, v, causal, sm_scale, None if impl == "auto" else impl)
 
-    @staticmethod
-    def forward(ctx, q, k, v, causal, sm_scale, return_lse=False, impl=None):
-        sm_scale = q.shape[-1] ** -0.5 if sm_scale is None else float(sm_scale)
-        q, k, v = (t.contiguous() for t in (q, k, v))
-        o, lse = _flash_attn_v2_forward(q, k, v, causal, sm_scale, impl=impl)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal = bool(causal)
-        ctx.sm_scale = sm_scale
-        if return_lse:
-            ctx.mark_non_differentiable(lse)
-            return o, lse
-        return o
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, do, *_unused_dlse):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = flash_attn_v2_backward(do, q, k, v, o, lse, ctx.causal, ctx.sm_scale)
-        return dq, dk, dv, None, None, None, None
+@_flash_attn_fwd_op.register_fake
+def _(q, k, v, causal, sm_scale, impl):
+    B, H, N_q, D = q.shape
+    return q.new_empty((B, H, N_q, D)), q.new_empty((B, H, N_q), dtype=torch.float32)
+
+
+@torch.library.custom_op("course::flash_attn_bwd", mutates_args=())
+def _flash_attn_bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       o: torch.Tensor, lse: torch.Tensor, causal: bool,
+                       sm_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of ``O = flash_attn_v2(q, k, v)`` for the gradient ``do`` of O."""
+    dq, dk, dv = flash_attn_v2_backward(do, q, k, v, o, lse, causal, sm_scale)
+    return dq, dk, dv
+
+
+@_flash_attn_bwd_op.register_fake
+def _(do, q, k, v, o, lse, causal, sm_scale):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, sm_scale, _impl = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.causal, ctx.sm_scale = causal, sm_scale
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, do, _dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.course.flash_attn_bwd(do.contiguous(), q, k, v, o, lse, ctx.causal,
+                                                  ctx.sm_scale)
+    return dq, dk, dv, None, None, None
+
+
+_flash_attn_fwd_op.register_autograd(_backward, setup_context=_setup_context)

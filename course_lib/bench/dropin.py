@@ -1,0 +1,218 @@
+"""Drop-in attention: host overhead, decode eager and under CUDA graphs, padded head dims.
+
+    python -m course_lib.bench dropin [--out course_lib/data/dropin.json]
+
+Three measurements, each with one harness for both sides (course kernels and PyTorch SDPA):
+
+* ``decode``: one query token, H 32, H_kv 8, D 128, fp16, at the shapes of issue 20's table.
+  Ours: ``flash_decode`` with its default arguments (no value read back), with
+  ``validate=True`` (which reads ``cache_seqlens`` back: one synchronisation), a planned step
+  (``plan.run``) and that step replayed as a CUDA graph. SDPA's cuDNN and FLASH backends eager
+  and as CUDA graphs, each in the faster of its two GQA layouts (course_lib.bench.decode).
+  Every time is ``triton.testing.do_bench``'s median (CUDA events, L2 flushed between calls).
+* ``host``: the CPU time of one call with the GPU idle: after a synchronisation, ``n`` calls
+  back to back, (t1 − t0) / n by ``time.perf_counter``, median of 5 rounds. Tiny shapes, so the
+  GPU never holds the host back.
+* ``head_dims``: the forward at D 64, 80, 96, 128 (80 and 96 run padded to 128 columns) against
+  SDPA FLASH_ATTENTION and cuDNN, both eager, do_bench median.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+from course_lib.bench.common import (
+    DATA_DIR,
+    environment,
+    graph_median_ms,
+    median_ms,
+    require_gpu,
+    sdpa_backend,
+)
+
+DECODE_SHAPES = [(1, 4096), (1, 131072), (8, 4096), (64, 2048)]
+H, H_KV, D = 32, 8, 128
+
+
+def host_us(fn, n: int = 200, rounds: int = 5) -> float:
+    """CPU µs per call of ``fn`` with the GPU idle at the start (median of ``rounds``)."""
+    for _ in range(20):
+        fn()
+    out = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        out.append((t1 - t0) / n * 1e6)
+    return sorted(out)[rounds // 2]
+
+
+def _sdpa_decode_fns(q, k, v, lens_full: bool):
+    """SDPA in the two GQA layouts (rows: (B, H_kv, G, D) queries; gqa: enable_gqa=True)."""
+    B = q.shape[0]
+    G = H // H_KV
+    q_rows = q.view(B, H_KV, G, D)  # one query token: the G heads of a group as G rows
+    return {"rows": lambda: F.scaled_dot_product_attention(q_rows, k, v),
+            "gqa": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)}
+
+
+def decode_rows(shapes=DECODE_SHAPES) -> list[dict]:
+    from course_lib.ops import flash_decode, plan_decode
+
+    rows = []
+    for B, N in shapes:
+        g = torch.Generator(device="cuda").manual_seed(B * 7 + N)
+        q = torch.randn(B, H, 1, D, device="cuda", dtype=torch.float16, generator=g)
+        k = torch.randn(B, H_KV, N, D, device="cuda", dtype=torch.float16, generator=g)
+        v = torch.randn(B, H_KV, N, D, device="cuda", dtype=torch.float16, generator=g)
+        lens = torch.full((B,), N, dtype=torch.int32, device="cuda")
+        plan = plan_decode(q, k, v)
+        fns = {
+            "ours_default": lambda: flash_decode(q, k, v, lens),
+            "ours_validate": lambda: flash_decode(q, k, v, lens, validate=True),
+            "ours_plan": lambda: plan.run(q, k, v, lens),
+        }
+        row = {"B": B, "N": N, "num_splits": plan.num_splits}
+        for name, fn in fns.items():
+            row[f"{name}_us"] = median_ms(fn) * 1e3
+        row["ours_graph_us"] = graph_median_ms(fns["ours_plan"]) * 1e3
+        kv_bytes = 2 * B * H_KV * N * D * 2
+        row["ours_graph_gbs"] = kv_bytes / (row["ours_graph_us"] * 1e-6) / 1e9
+        for backend, short in (("CUDNN_ATTENTION", "cudnn"), ("FLASH_ATTENTION", "flash")):
+            best = None
+            for layout, fn in _sdpa_decode_fns(q, k, v, True).items():
+                with sdpa_backend(backend):
+                    try:
+                        eager = median_ms(fn) * 1e3
+                        graph = graph_median_ms(fn) * 1e3
+                    except RuntimeError as e:  # a backend that refuses this layout
+                        print(f"  {short} {layout}: {str(e).splitlines()[0][:80]}")
+                        continue
+                if best is None or graph < best[1]:
+                    best = (eager, graph, layout)
+            if best is not None:
+                row[f"sdpa_{short}_us"] = best[0]
+                row[f"sdpa_{short}_graph_us"] = best[1]
+                row[f"sdpa_{short}_layout"] = best[2]
+        # the host's time per call, GPU idle
+        row["host_ours_default_us"] = host_us(fns["ours_default"])
+        row["host_ours_plan_us"] = host_us(fns["ours_plan"])
+        layout = row.get("sdpa_cudnn_layout", "gqa")
+        with sdpa_backend("CUDNN_ATTENTION"):
+            row["host_sdpa_cudnn_us"] = host_us(_sdpa_decode_fns(q, k, v, True)[layout])
+        print(row, flush=True)
+        rows.append(row)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def host_rows() -> dict:
+    """Host µs per call at tiny shapes: flash_attn_v2 (each impl), a planned decode step."""
+    from course_lib.ops import IMPLS, flash_attn_v2, flash_decode, plan_decode
+
+    out = {}
+    q = torch.randn(1, 4, 128, 64, device="cuda", dtype=torch.float16)
+    k = torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.float16)
+    v = torch.randn_like(k)
+    for impl in (None, *IMPLS):
+        out[f"flash_attn_v2_{impl or 'auto'}_us"] = host_us(
+            lambda impl=impl: flash_attn_v2(q, k, v, causal=True, impl=impl))
+    for backend, short in (("FLASH_ATTENTION", "flash"), ("CUDNN_ATTENTION", "cudnn")):
+        with sdpa_backend(backend):
+            out[f"sdpa_{short}_us"] = host_us(lambda: F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, enable_gqa=True))
+    qd = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.float16)
+    kd = torch.randn(1, 8, 256, 128, device="cuda", dtype=torch.float16)
+    lens = torch.full((1,), 256, dtype=torch.int32, device="cuda")
+    plan = plan_decode(qd, kd, kd)
+    out["plan_run_us"] = host_us(lambda: plan.run(qd, kd, kd, lens))
+    out["flash_decode_us"] = host_us(lambda: flash_decode(qd, kd, kd, lens))
+    out["flash_decode_validate_us"] = host_us(lambda: flash_decode(qd, kd, kd, lens,
+                                                                   validate=True))
+    out["empty_kernel_launch_us"] = host_us(lambda: torch.empty(0, device="cuda").zero_())
+    print(out, flush=True)
+    return out
+
+
+def head_dim_rows(dims=(64, 80, 96, 128), B=4, N=4096, Hq=16) -> list[dict]:
+    from course_lib.ops import flash_attn_v2
+
+    rows = []
+    for d in dims:
+        for causal in (False, True):
+            q, k, v = (torch.randn(B, Hq, N, d, device="cuda", dtype=torch.float16)
+                       for _ in range(3))
+            flops = 4 * B * Hq * N * N * d / (2 if causal else 1)
+            row = {"D": d, "causal": causal, "B": B, "N": N, "H": Hq}
+            ours = median_ms(lambda: flash_attn_v2(q, k, v, causal=causal))
+            row["ours_ms"] = ours
+            for backend, short in (("FLASH_ATTENTION", "flash"), ("CUDNN_ATTENTION", "cudnn")):
+                with sdpa_backend(backend):
+                    try:
+                        row[f"sdpa_{short}_ms"] = median_ms(
+                            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+                    except RuntimeError as e:
+                        print(f"  {short} D {d}: {str(e).splitlines()[0][:80]}")
+            row["ours_tflops"] = flops / (ours * 1e-3) / 1e12
+            print(row, flush=True)
+            rows.append(row)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course_lib.bench dropin")
+    parser.add_argument("--out", default=str(DATA_DIR / "dropin.json"))
+    args = parser.parse_args(argv)
+    require_gpu("the drop-in benchmark")
+    result = {"environment": environment(),
+              "harness": {"timer": "triton.testing.do_bench, median, L2 flushed between calls; "
+                                   "eager: both sides called eagerly; graph: both sides "
+                                   "replayed as CUDA graphs",
+                          "host": "CPU time per call, GPU idle: 200 calls back to back after a "
+                                  "synchronisation, median of 5 rounds"},
+              "decode_shape": {"H": H, "H_kv": H_KV, "D": D, "N_q": 1, "dtype": "float16"}}
+    result["host"] = host_rows()
+    result["decode"] = decode_rows()
+    result["head_dims"] = head_dim_rows()
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def report(result: dict) -> str:
+    """The stored run as three small tables (decode, host time, head dims), as text."""
+    env = result["environment"]
+    lines = [f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, {env['date'][:10]}",
+             "decode (N_q 1, H 32, H_kv 8, D 128, fp16), µs; do_bench median, L2 flushed",
+             f"{'':>11} | {'eager, both sides':^35} | {'CUDA graphs':^15} | host µs per call",
+             f"{'B':>3} {'N':>7} | {'default':>8} {'validate':>8} {'planned':>8} {'cuDNN':>7}"
+             f" | {'planned':>7} {'cuDNN':>7} | {'default':>7} {'plan':>4} {'cuDNN':>5}"]
+    for r in result["decode"]:
+        lines.append(
+            f"{r['B']:>3} {r['N']:>7} | {r['ours_default_us']:>8.1f} {r['ours_validate_us']:>8.1f}"
+            f" {r['ours_plan_us']:>8.1f} {r['sdpa_cudnn_us']:>7.1f} | {r['ours_graph_us']:>7.1f}"
+            f" {r['sdpa_cudnn_graph_us']:>7.1f} | {r['host_ours_default_us']:>7.0f}"
+            f" {r['host_ours_plan_us']:>4.0f} {r['host_sdpa_cudnn_us']:>5.0f}")
+    h = result["host"]
+    lines += ["", "host time of one call at a tiny shape, GPU idle (µs):",
+              f"  flash_attn_v2 portable {h['flash_attn_v2_portable_us']:.0f}, Hopper kernel "
+              f"{h['flash_attn_v2_hopper_us']:.0f}; SDPA FLASH {h['sdpa_flash_us']:.0f}, "
+              f"cuDNN {h['sdpa_cudnn_us']:.0f}",
+              f"  planned decode step {h['plan_run_us']:.0f}, flash_decode "
+              f"{h['flash_decode_us']:.0f}, with validate=True {h['flash_decode_validate_us']:.0f};"
+              f" one empty PyTorch kernel {h['empty_kernel_launch_us']:.0f}",
+              "", "forward, B 4, H 16, N 4k, fp16, ms (eager, both sides):",
+              f"{'D':>4} {'causal':>6} | {'ours':>6} {'FLASH':>6} {'cuDNN':>6} | FLASH/ours"]
+    for r in result["head_dims"]:
+        lines.append(f"{r['D']:>4} {str(r['causal']):>6} | {r['ours_ms']:>6.3f} "
+                     f"{r['sdpa_flash_ms']:>6.3f} {r['sdpa_cudnn_ms']:>6.3f} | "
+                     f"{r['sdpa_flash_ms'] / r['ours_ms']:.2f}×")
+    return "\n".join(lines)

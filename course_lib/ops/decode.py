@@ -1,0 +1,382 @@
+"""Flash-Decoding and PagedAttention as functions to call, as PyTorch operators, and as plan/run.
+
+Introduced in notebooks/12_flash_decoding.ipynb (``flash_decode``, and the section on host
+overhead: ``plan_decode``) and notebooks/13_paged_attention.ipynb (``paged_decode``). The
+kernels and their launch plan are in ``course_lib.kernels.decode``.
+
+Three ways to call the same two kernels:
+
+* ``flash_decode(q, k_cache, v_cache, cache_seqlens)`` and ``paged_decode(...)``: the functions
+  (the names and arguments of FlashAttention's ``flash_attn_with_kvcache``). The checks they
+  make by default read only shapes, dtypes and devices, never a tensor's values, so a call
+  makes no device→host synchronisation. A length outside the cache or a block id outside the
+  pool cannot make the kernel read outside memory (it clamps them); ``validate=True`` checks
+  them and raises a ``ValueError`` that names the argument, at the cost of a synchronisation.
+  Called eagerly, the split buffers are kept per shape and stream and reused; the output is
+  new each call.
+* ``torch.ops.course.flash_decode`` and ``torch.ops.course.paged_decode``: the same, as
+  ``torch.library`` custom operators with fake implementations. The functions go through them
+  when ``torch.compile`` traces, so a compiled decode step keeps the kernels in its graph (and
+  in its CUDA graph with ``mode="reduce-overhead"``).
+* ``plan = plan_decode(q, k_cache, v_cache)``, then ``plan.run(q, k_cache, v_cache,
+  cache_seqlens)`` at every step, in the manner of FlashInfer's ``plan()``/``run()``: the plan
+  checks the inputs once and fixes the split count, the launch config and every buffer; ``run``
+  only launches the two kernels into the plan's buffers, which is what a CUDA graph captures.
+"""
+from __future__ import annotations
+
+import collections
+
+import torch
+
+from course_lib.kernels import decode as kd
+from course_lib.validate import (
+    check_attention_inputs,
+    check_block_table,
+    check_int_vector,
+    check_sm_scale,
+    check_tensor,
+)
+
+# ---------------------------------------------------------------------------------------------
+# checks of the arguments (shapes, dtypes, devices: no tensor values are read)
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_num_splits(num_splits) -> None:
+    if num_splits is None:
+        return
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int):
+        raise TypeError(f"num_splits must be an int or None, got {type(num_splits).__name__}")
+    if not 1 <= num_splits <= kd.MAX_SPLITS:
+        raise ValueError(f"num_splits must be in [1, {kd.MAX_SPLITS}], got {num_splits}")
+
+
+def _check_config(config, head_dim: int) -> dict | None:
+    """``config`` completed from the default for ``head_dim``, or None for the default."""
+    if config is None:
+        return None
+    if not isinstance(config, dict) or not set(config) <= {"BLOCK_N", "num_warps", "num_stages"}:
+        raise ValueError("config must be a dict with keys among BLOCK_N, num_warps, num_stages, "
+                         f"got {config!r}")
+    cfg = kd.pick_config(head_dim)
+    cfg.update(config)
+    bn = cfg["BLOCK_N"]
+    if not isinstance(bn, int) or bn < 16 or bn & (bn - 1):
+        raise ValueError(f"config['BLOCK_N'] must be a power of two >= 16, got {bn}")
+    return cfg
+
+
+def _check_contiguous(q, k, v, k_name: str) -> None:
+    # The kernels read rows of D numbers at unit stride.
+    for name, t in (("q", q), (k_name, k), ("v" + k_name[1:], v)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension (stride 1), "
+                             f"got strides {tuple(t.stride())}")
+
+
+def _check_cache(q, k_cache, v_cache, cache_seqlens):
+    """(B, H, H_kv, N_q, N_max, D) of a contiguous cache; TypeError/ValueError naming the
+    argument."""
+    B, H, H_kv, N_q, N_max, D = check_attention_inputs(q, k_cache, v_cache)
+    _check_contiguous(q, k_cache, v_cache, "k_cache")
+    if cache_seqlens is not None:
+        check_int_vector("cache_seqlens", cache_seqlens, B, q.device)
+    return B, H, H_kv, N_q, N_max, D
+
+
+def _check_pages(q, k_pages, v_pages, block_table, cache_seqlens):
+    """(B, H, H_kv, N_q, D, num_blocks, block_size, max_blocks) of a paged cache."""
+    check_tensor("q", q, 4)
+    for name, t in (("k_pages", k_pages), ("v_pages", v_pages)):
+        check_tensor(name, t, 4)
+    if k_pages.shape != v_pages.shape:
+        raise ValueError(f"k_pages and v_pages must have one shape, got {tuple(k_pages.shape)} "
+                         f"and {tuple(v_pages.shape)}")
+    num_blocks, block_size, H_kv, D = k_pages.shape
+    B = q.shape[0]
+    # The shared checks, on a (B, H_kv, block_size, D) view of the pages' shape.
+    k_view = k_pages[:1].permute(0, 2, 1, 3).expand(B, H_kv, block_size, D)
+    v_view = v_pages[:1].permute(0, 2, 1, 3).expand(B, H_kv, block_size, D)
+    _, H, _, N_q, _, _ = check_attention_inputs(q, k_view, v_view)
+    _check_contiguous(q, k_pages, v_pages, "k_pages")
+    if not isinstance(block_table, torch.Tensor):
+        raise TypeError(f"block_table must be a torch.Tensor of int32, got "
+                        f"{type(block_table).__name__}")
+    if block_table.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"block_table must hold integers (int32), got {block_table.dtype}")
+    if block_table.ndim != 2 or block_table.shape[0] != B:
+        raise ValueError(f"block_table must have shape (B={B}, max_blocks), "
+                         f"got {tuple(block_table.shape)}")
+    if block_table.device != q.device:
+        raise ValueError(f"block_table is on {block_table.device} but q is on {q.device}")
+    if cache_seqlens is None:
+        raise ValueError("cache_seqlens is required for paged_decode (one length per sequence)")
+    check_int_vector("cache_seqlens", cache_seqlens, B, q.device)
+    return B, H, H_kv, N_q, D, num_blocks, block_size, block_table.shape[1]
+
+
+def check_cache_seqlens(cache_seqlens, n_max: int) -> None:
+    """ValueError if a length lies outside [0, n_max]. Reads the lengths back to the host:
+    one device→host synchronisation (what ``validate=True`` adds to a call)."""
+    lo, hi = (int(x) for x in torch.aminmax(cache_seqlens.to(torch.int64)))
+    if lo < 0 or hi > n_max:
+        raise ValueError(f"cache_seqlens must lie in [0, {n_max}] (the cache's N_max), "
+                         f"got values in [{lo}, {hi}]")
+
+
+def _int32(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.int32 and t.stride(-1) == 1 else t.to(torch.int32).contiguous()
+
+
+# ---------------------------------------------------------------------------------------------
+# the shared launch path: the split buffers reused per shape and stream, a new output per call
+# ---------------------------------------------------------------------------------------------
+
+_PLANS: collections.OrderedDict = collections.OrderedDict()
+_MAX_PLANS = 32
+
+
+def _stream_id(device: torch.device) -> int:
+    # Buffers reused by two streams at once would race: each stream gets its own.
+    if device.type != "cuda":
+        return 0
+    return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None
+                                              else torch.cuda.current_device())
+
+
+def _cached_plan(key, make):
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _PLANS[key] = make()
+        if len(_PLANS) > _MAX_PLANS:
+            _PLANS.popitem(last=False)
+    return plan
+
+
+def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_splits,
+            sm_scale, cfg, paged, reuse=True):
+    """Launch on checked inputs; returns a new (out, lse).
+
+    ``reuse``: keep the split buffers per shape and stream (eager calls). The operators pass
+    False: under torch.compile's CUDA graphs every allocation must belong to the graph's own
+    memory pool, and a buffer kept alive between calls would not."""
+    B, H, N_q, D = q.shape
+    H_kv = k.shape[2] if paged else k.shape[1]
+
+    def make():
+        return kd.make_plan(B, H, H_kv, N_q, D, n_max, q.device, num_splits=num_splits,
+                            config=cfg, paged=paged, page_size=page_size, num_blocks=num_blocks)
+
+    if reuse:
+        key = (B, H, H_kv, N_q, D, n_max, paged, page_size, num_blocks, num_splits,
+               None if cfg is None else tuple(sorted(cfg.items())), q.device,
+               _stream_id(q.device))
+        plan = _cached_plan(key, make)
+    else:
+        plan = make()
+    out = kd._empty((B, H, N_q, D), device=q.device, dtype=q.dtype)
+    lse = kd._empty((B, H, N_q), device=q.device, dtype=torch.float32)
+    kd.run_plan(plan, q, k, v, seqlens, block_table, sm_scale, out, lse)
+    return out, lse
+
+
+def _config_list(cfg) -> list[int]:
+    return [] if cfg is None else [cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"]]
+
+
+def _config_dict(config: list[int]):
+    if not config:
+        return None
+    return dict(BLOCK_N=config[0], num_warps=config[1], num_stages=config[2])
+
+
+# ---------------------------------------------------------------------------------------------
+# the functions
+# ---------------------------------------------------------------------------------------------
+
+def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm_scale=None,
+                 return_lse=False, config=None, validate=False):
+    """Flash-Decoding: attention of a few query tokens to a KV cache, split over the keys.
+
+    q (B, H, N_q, D); k_cache, v_cache (B, H_kv, N_max, D) with H a multiple of H_kv (GQA);
+    cache_seqlens (B,) int32: sequence b uses its first L_b keys (None: all N_max). With
+    N_q > 1 the queries are causal among themselves, bottom-right aligned: query i sees keys
+    j <= L_b − N_q + i. Returns o (B, H, N_q, D) in q's dtype, and with ``return_lse`` also the
+    natural-log log-sum-exp (B, H, N_q) fp32 (−inf for a row that sees no key; its o is 0).
+
+    num_splits: key splits per sequence (None: chosen from the SM count and the work);
+    config: override of dict(BLOCK_N, num_warps, num_stages); validate=True also checks that
+    every length lies in [0, N_max], which reads them back to the host (one synchronisation).
+    Without it a length outside the range is clamped to it by the kernel.
+    """
+    B, H, H_kv, N_q, N_max, D = _check_cache(q, k_cache, v_cache, cache_seqlens)
+    _check_num_splits(num_splits)
+    sm_scale = check_sm_scale(sm_scale, D)
+    cfg = _check_config(config, D)
+    if cache_seqlens is not None:
+        if validate:
+            _refuse_validate_when_compiling()
+            check_cache_seqlens(cache_seqlens, N_max)
+        cache_seqlens = _int32(cache_seqlens)
+    if torch.compiler.is_compiling():
+        o, lse = torch.ops.course.flash_decode(q, k_cache, v_cache, cache_seqlens,
+                                               num_splits or 0, sm_scale, _config_list(cfg))
+    else:
+        o, lse = _decode(q, k_cache, v_cache, cache_seqlens, None, N_max, 1, 1, num_splits,
+                         sm_scale, cfg, paged=False)
+    return (o, lse) if return_lse else o
+
+
+def paged_decode(q, k_pages, v_pages, block_table, cache_seqlens, num_splits=None, *,
+                 sm_scale=None, return_lse=False, config=None, validate=False):
+    """PagedAttention decode: like ``flash_decode``, with K/V stored in fixed-size pages.
+
+    q (B, H, N_q, D); k_pages, v_pages (num_blocks, block_size, H_kv, D), the layout of vLLM and
+    of ``flash_attn_with_kvcache`` (block_size 16 by default in ``course_lib.kvcache``);
+    block_table (B, max_blocks) int32 maps sequence b's logical block j (keys j·block_size …)
+    to a physical block; cache_seqlens (B,) int32. Entries past a sequence's last block are
+    ignored. Returns what ``flash_decode`` returns on the same logical data.
+
+    validate=True raises a ValueError when a length does not fit in max_blocks·block_size or a
+    block id in use lies outside [0, num_blocks) (it reads both back: a synchronisation).
+    Without it the kernel clamps lengths and block ids into range, so a wrong table gives a
+    wrong answer but never a read outside the pages.
+    """
+    B, H, H_kv, N_q, D, num_blocks, block_size, max_blocks = _check_pages(
+        q, k_pages, v_pages, block_table, cache_seqlens)
+    _check_num_splits(num_splits)
+    sm_scale = check_sm_scale(sm_scale, D)
+    cfg = _check_config(config, D)
+    capacity = max_blocks * block_size
+    if validate:
+        _refuse_validate_when_compiling()
+        check_block_table(block_table, cache_seqlens, num_blocks, block_size, capacity)
+    block_table, cache_seqlens = _int32(block_table), _int32(cache_seqlens)
+    if torch.compiler.is_compiling():
+        o, lse = torch.ops.course.paged_decode(q, k_pages, v_pages, block_table, cache_seqlens,
+                                               num_splits or 0, sm_scale, _config_list(cfg))
+    else:
+        o, lse = _decode(q, k_pages, v_pages, cache_seqlens, block_table, capacity, block_size,
+                         num_blocks, num_splits, sm_scale, cfg, paged=True)
+    return (o, lse) if return_lse else o
+
+
+def _refuse_validate_when_compiling():
+    if torch.compiler.is_compiling():
+        raise ValueError("validate=True reads cache_seqlens back to the host, which a compiled "
+                         "graph cannot do: validate once outside torch.compile, or leave "
+                         "validate=False (the kernel clamps lengths and block ids into range)")
+
+
+# ---------------------------------------------------------------------------------------------
+# the operators
+# ---------------------------------------------------------------------------------------------
+
+@torch.library.custom_op("course::flash_decode", mutates_args=())
+def _flash_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     cache_seqlens: torch.Tensor | None, num_splits: int, sm_scale: float,
+                     config: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, lse) of ``flash_decode`` on checked inputs; num_splits 0: chosen; config [] default."""
+    return _decode(q, k_cache, v_cache, cache_seqlens, None, k_cache.shape[2], 1, 1,
+                   num_splits or None, sm_scale, _config_dict(config), paged=False, reuse=False)
+
+
+@torch.library.custom_op("course::paged_decode", mutates_args=())
+def _paged_decode_op(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                     block_table: torch.Tensor, cache_seqlens: torch.Tensor, num_splits: int,
+                     sm_scale: float, config: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o, lse) of ``paged_decode`` on checked inputs."""
+    num_blocks, block_size = k_pages.shape[:2]
+    return _decode(q, k_pages, v_pages, cache_seqlens, block_table,
+                   block_table.shape[1] * block_size, block_size, num_blocks,
+                   num_splits or None, sm_scale, _config_dict(config), paged=True, reuse=False)
+
+
+def _fake_outputs(q):
+    B, H, N_q, D = q.shape
+    return q.new_empty((B, H, N_q, D)), q.new_empty((B, H, N_q), dtype=torch.float32)
+
+
+@_flash_decode_op.register_fake
+def _(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale, config):
+    return _fake_outputs(q)
+
+
+@_paged_decode_op.register_fake
+def _(q, k_pages, v_pages, block_table, cache_seqlens, num_splits, sm_scale, config):
+    return _fake_outputs(q)
+
+
+# ---------------------------------------------------------------------------------------------
+# plan and run
+# ---------------------------------------------------------------------------------------------
+
+class DecodePlan:
+    """A decode step planned once per batch shape; ``run`` then only launches two kernels.
+
+    Made by ``plan_decode``. It holds the split count, the launch config and its buffers: the
+    splits' partial outputs and lses, and the output ``out`` (B, H, N_q, D) with its ``lse``.
+    ``run`` checks nothing but the shapes it was planned for and writes into ``out``/``lse``,
+    overwriting the previous step's result (FlashInfer's ``run`` does the same with the buffers
+    of its ``plan``): copy a result you want to keep. Every pointer it launches with is either
+    yours or the plan's, so a ``run`` can be captured in a CUDA graph and replayed.
+    """
+
+    def __init__(self, q, k_cache, v_cache, *, block_table=None, num_splits=None,
+                 sm_scale=None, config=None):
+        self.paged = block_table is not None
+        if self.paged:
+            B, H, H_kv, N_q, D, num_blocks, page_size, max_blocks = _check_pages(
+                q, k_cache, v_cache, block_table, torch.zeros(q.shape[0], dtype=torch.int32,
+                                                              device=q.device))
+            n_max = max_blocks * page_size
+            self._bt_shape = tuple(block_table.shape)
+        else:
+            B, H, H_kv, N_q, n_max, D = _check_cache(q, k_cache, v_cache, None)
+            num_blocks, page_size = 1, 1
+        _check_num_splits(num_splits)
+        self.sm_scale = check_sm_scale(sm_scale, D)
+        cfg = _check_config(config, D)
+        self._q_shape, self._kv_shape = tuple(q.shape), tuple(k_cache.shape)
+        self.dtype, self.device = q.dtype, q.device
+        self.plan = kd.make_plan(B, H, H_kv, N_q, D, n_max, q.device, num_splits=num_splits,
+                                 config=cfg, paged=self.paged, page_size=page_size,
+                                 num_blocks=num_blocks)
+        self.num_splits = self.plan.num_splits
+        self.out = kd._empty((B, H, N_q, D), device=q.device, dtype=q.dtype)
+        self.lse = kd._empty((B, H, N_q), device=q.device, dtype=torch.float32)
+
+    def run(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, return_lse=False):
+        """One decode step into the plan's buffers: returns ``self.out`` (and ``self.lse``).
+
+        ``cache_seqlens`` (B,) int32 (None: every sequence uses all N_max keys); paged plans
+        need ``block_table`` and ``cache_seqlens``, int32 and contiguous."""
+        if (q.shape != self._q_shape or k_cache.shape != self._kv_shape
+                or v_cache.shape != self._kv_shape or q.dtype != self.dtype):
+            raise ValueError(f"this plan is for q {self._q_shape} and caches {self._kv_shape} "
+                             f"of {self.dtype}, got q {tuple(q.shape)} {q.dtype} and "
+                             f"k_cache {tuple(k_cache.shape)}: make a new plan")
+        if self.paged and (block_table is None or cache_seqlens is None):
+            raise ValueError("a paged plan's run needs block_table and cache_seqlens")
+        kd.run_plan(self.plan, q, k_cache, v_cache, cache_seqlens, block_table, self.sm_scale,
+                    self.out, self.lse)
+        return (self.out, self.lse) if return_lse else self.out
+
+
+def plan_decode(q, k_cache, v_cache, *, block_table=None, num_splits=None, sm_scale=None,
+                config=None) -> DecodePlan:
+    """Plan decode steps shaped like these tensors (see ``DecodePlan``).
+
+    The arguments are those of ``flash_decode`` (or, with ``block_table``, of ``paged_decode``,
+    k_cache and v_cache then being the pages); only their shapes, dtypes and device are used.
+
+        plan = plan_decode(q, k_cache, v_cache)        # once per batch shape
+        for step in range(n_steps):                      # then every step: two launches
+            o = plan.run(q, k_cache, v_cache, cache_seqlens)
+    """
+    return DecodePlan(q, k_cache, v_cache, block_table=block_table, num_splits=num_splits,
+                      sm_scale=sm_scale, config=config)
+
+
+__all__ = ["DecodePlan", "check_cache_seqlens", "flash_decode", "paged_decode", "plan_decode"]

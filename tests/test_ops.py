@@ -1,0 +1,335 @@
+"""The kernels as PyTorch operators: opcheck, torch.compile(fullgraph=True), no host syncs,
+plan/run, and the CUDA graphs a decode step can be captured in (on a GPU)."""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import course_lib
+from course_lib import ops
+from course_lib.kvcache import contiguous_to_pages
+from course_lib.ops import decode as opd
+from course_lib.reference import decode_reference
+from course_lib.testing import fresh_randn
+
+ON_GPU = course_lib.DEVICE == "cuda"
+# On a CPU, compile with AOTAutograd and no code generation: it traces through the operators'
+# fake implementations exactly as Inductor does, then runs the real kernels in the interpreter.
+BACKEND = "inductor" if ON_GPU else "aot_eager"
+
+
+def _qkv(B=2, H=4, H_kv=2, N_q=5, N_k=11, D=16, dtype=torch.float32, grad=False):
+    q, k, v = (fresh_randn(*s, dtype=dtype) for s in ((B, H, N_q, D), (B, H_kv, N_k, D),
+                                                      (B, H_kv, N_k, D)))
+    return [t.requires_grad_(grad) for t in (q, k, v)]
+
+
+def _pages(k, v, block_size=8):
+    """k, v as pages in one random physical order, and their block table."""
+    k_pages, table = contiguous_to_pages(k, block_size=block_size,
+                                         generator=torch.Generator().manual_seed(5))
+    v_pages, _ = contiguous_to_pages(v, block_size=block_size,
+                                     generator=torch.Generator().manual_seed(5))
+    return k_pages, v_pages, table
+
+
+def _decode_inputs(B=2, H=4, H_kv=2, N_q=1, N_max=40, D=16, lengths=(40, 13)):
+    q = fresh_randn(B, H, N_q, D)
+    k = fresh_randn(B, H_kv, N_max, D)
+    v = fresh_randn(B, H_kv, N_max, D)
+    lens = torch.tensor(lengths, dtype=torch.int32, device=q.device)
+    return q, k, v, lens
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.library.opcheck: schema, fake tensors, autograd registration, AOT dispatch
+# ---------------------------------------------------------------------------------------------
+
+def test_opcheck_flash_attn_forward_and_backward():
+    q, k, v = _qkv(grad=True)
+    torch.library.opcheck(torch.ops.course.flash_attn_fwd.default,
+                          (q, k, v, True, 0.25, "auto"))
+    o, lse = torch.ops.course.flash_attn_fwd(q.detach(), k.detach(), v.detach(), True, 0.25,
+                                             "auto")
+    do = fresh_randn(*o.shape)
+    torch.library.opcheck(torch.ops.course.flash_attn_bwd.default,
+                          (do, q.detach(), k.detach(), v.detach(), o, lse, True, 0.25))
+
+
+def test_opcheck_decode_ops():
+    q, k, v, lens = _decode_inputs()
+    torch.library.opcheck(torch.ops.course.flash_decode.default, (q, k, v, lens, 0, 0.25, []))
+    torch.library.opcheck(torch.ops.course.flash_decode.default, (q, k, v, None, 2, 0.25, []))
+    k_pages, v_pages, table = _pages(k, v)
+    torch.library.opcheck(torch.ops.course.paged_decode.default,
+                          (q, k_pages, v_pages, table, lens, 0, 0.25, []))
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.compile(fullgraph=True) matches eager
+# ---------------------------------------------------------------------------------------------
+
+def test_compiled_flash_attn_v2_forward_and_backward_match_eager():
+    torch._dynamo.reset()
+
+    def loss_fn(q, k, v):
+        o = ops.flash_attn_v2(q, k, v, causal=True)
+        return o, (o ** 2).sum()
+
+    compiled = torch.compile(loss_fn, fullgraph=True, backend=BACKEND)
+    q, k, v = _qkv(grad=True)
+    o_want, want = loss_fn(q, k, v)
+    want_grads = torch.autograd.grad(want, (q, k, v))
+    o_got, got = compiled(q, k, v)
+    got_grads = torch.autograd.grad(got, (q, k, v))
+    torch.testing.assert_close(o_got, o_want, rtol=0, atol=0)  # the same kernel: identical
+    # the sum of squares around it is Inductor's code on a GPU: its own order of additions
+    torch.testing.assert_close(got, want)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w)
+
+
+def test_compiled_decode_matches_eager():
+    torch._dynamo.reset()
+    q, k, v, lens = _decode_inputs()
+    k_pages, v_pages, table = _pages(k, v)
+
+    def step(q, k, v, lens, k_pages, v_pages, table):
+        a = ops.flash_decode(q, k, v, cache_seqlens=lens)
+        b = ops.paged_decode(q, k_pages, v_pages, table, lens)
+        return a, b
+
+    compiled = torch.compile(step, fullgraph=True, backend=BACKEND)
+    got = compiled(q, k, v, lens, k_pages, v_pages, table)
+    want = step(q, k, v, lens, k_pages, v_pages, table)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_compiled_graph_holds_the_operators():
+    """The kernels are nodes of the graph, not a graph break around them."""
+    torch._dynamo.reset()
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    q, k, v, lens = _decode_inputs()
+    torch.compile(lambda q, k, v, lens: ops.flash_decode(q, k, v, cache_seqlens=lens),
+                  fullgraph=True, backend=backend)(q, k, v, lens)
+    assert any("course.flash_decode" in s for s in seen), seen
+
+
+def test_validate_under_compile_is_refused_with_a_clear_error():
+    torch._dynamo.reset()
+    q, k, v, lens = _decode_inputs()
+    fn = torch.compile(lambda q, k, v, lens: ops.flash_decode(q, k, v, lens, validate=True),
+                       fullgraph=True, backend=BACKEND)
+    with pytest.raises(Exception, match="validate=True"):
+        fn(q, k, v, lens)
+
+
+# ---------------------------------------------------------------------------------------------
+# no device -> host reads on the default path
+# ---------------------------------------------------------------------------------------------
+
+class CountOps(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.counts = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket)
+        self.counts[name] = self.counts.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def _reads_back(fn) -> int:
+    with CountOps() as mode:
+        fn()
+    return mode.counts.get("aten._local_scalar_dense", 0)
+
+
+def test_default_decode_reads_nothing_back_from_the_device():
+    q, k, v, lens = _decode_inputs()
+    k_pages, v_pages, table = _pages(k, v)
+    assert _reads_back(lambda: ops.flash_decode(q, k, v, cache_seqlens=lens)) == 0
+    assert _reads_back(lambda: ops.paged_decode(q, k_pages, v_pages, table, lens)) == 0
+    plan = ops.plan_decode(q, k, v)
+    assert _reads_back(lambda: plan.run(q, k, v, lens)) == 0
+    # The counter does see a read back: the opt-in validation makes them.
+    assert _reads_back(lambda: ops.flash_decode(q, k, v, cache_seqlens=lens,
+                                                validate=True)) > 0
+    assert _reads_back(lambda: ops.paged_decode(q, k_pages, v_pages, table, lens,
+                                                validate=True)) > 0
+
+
+def test_eager_flash_attn_v2_reads_nothing_back():
+    q, k, v = _qkv()
+    assert _reads_back(lambda: ops.flash_attn_v2(q, k, v, causal=True)) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# out-of-range lengths and block ids: clamped by the kernel, refused by validate=True
+# ---------------------------------------------------------------------------------------------
+
+def test_lengths_outside_the_cache_are_clamped_not_read_past():
+    q, k, v, _ = _decode_inputs()
+    wild = torch.tensor([1000, -7], dtype=torch.int32, device=q.device)
+    o, lse = ops.flash_decode(q, k, v, cache_seqlens=wild, return_lse=True)
+    ref = decode_reference(q, k, v, torch.tensor([40, 0], device=q.device))
+    torch.testing.assert_close(o[0], ref[0].to(o.dtype), atol=2e-5, rtol=0)
+    assert torch.all(o[1] == 0) and torch.all(lse[1] == float("-inf"))
+    with pytest.raises(ValueError, match="cache_seqlens must lie in"):
+        ops.flash_decode(q, k, v, cache_seqlens=wild, validate=True)
+
+
+def test_block_ids_outside_the_pool_stay_inside_it():
+    q, k, v, lens = _decode_inputs()
+    k_pages, v_pages, table = _pages(k, v)
+    bad = table.clone()
+    bad[0, 1] = 10_000_000
+    bad[1, 0] = -5
+    o = ops.paged_decode(q, k_pages, v_pages, bad, lens)  # a wrong answer, but no crash
+    assert torch.isfinite(o).all()
+    with pytest.raises(ValueError, match=r"block_table\[0, 1\] = 10000000"):
+        ops.paged_decode(q, k_pages, v_pages, bad, lens, validate=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# plan and run
+# ---------------------------------------------------------------------------------------------
+
+def test_plan_run_matches_the_function_and_reuses_its_buffers():
+    q, k, v, lens = _decode_inputs()
+    plan = ops.plan_decode(q, k, v, num_splits=3)
+    o1 = plan.run(q, k, v, lens)
+    want = ops.flash_decode(q, k, v, cache_seqlens=lens, num_splits=3)
+    torch.testing.assert_close(o1, want, rtol=0, atol=0)
+    assert o1.data_ptr() == plan.out.data_ptr()
+    q2 = fresh_randn(*q.shape)
+    o2, lse2 = plan.run(q2, k, v, lens, return_lse=True)
+    assert o2.data_ptr() == o1.data_ptr()  # the next run overwrites the plan's output
+    torch.testing.assert_close(o2, ops.flash_decode(q2, k, v, cache_seqlens=lens, num_splits=3),
+                               rtol=0, atol=0)
+
+
+def test_paged_plan_run():
+    q, k, v, lens = _decode_inputs()
+    k_pages, v_pages, table = _pages(k, v)
+    plan = ops.plan_decode(q, k_pages, v_pages, block_table=table)
+    got = plan.run(q, k_pages, v_pages, lens, block_table=table)
+    torch.testing.assert_close(got, ops.paged_decode(q, k_pages, v_pages, table, lens),
+                               rtol=0, atol=0)
+    with pytest.raises(ValueError, match="needs block_table"):
+        plan.run(q, k_pages, v_pages, lens)
+
+
+def test_plan_refuses_other_shapes():
+    q, k, v, lens = _decode_inputs()
+    plan = ops.plan_decode(q, k, v)
+    q3, k3, v3, lens3 = _decode_inputs(B=3, lengths=(1, 2, 3))
+    with pytest.raises(ValueError, match="make a new plan"):
+        plan.run(q3, k3, v3, lens3)
+
+
+def test_split_buffers_are_reused_per_shape():
+    q, k, v, lens = _decode_inputs()
+    opd._PLANS.clear()
+    for _ in range(3):
+        ops.flash_decode(q, k, v, cache_seqlens=lens)
+    assert len(opd._PLANS) == 1
+    ops.flash_decode(q[:1], k[:1], v[:1], cache_seqlens=lens[:1])
+    assert len(opd._PLANS) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# on a GPU: CUDA graphs
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need an NVIDIA GPU")
+@pytest.mark.parametrize("paged", [False, True])
+def test_planned_decode_step_replays_in_a_cuda_graph(paged):
+    q, k, v, lens = _decode_inputs(B=4, H=32, H_kv=8, N_max=4096, D=128,
+                                   lengths=(4096, 1000, 17, 3000))
+    q, k, v = (t.half() for t in (q, k, v))
+    if paged:
+        k, v, table = _pages(k, v, block_size=16)
+        plan = ops.plan_decode(q, k, v, block_table=table)
+        run = lambda: plan.run(q, k, v, lens, block_table=table)  # noqa: E731
+    else:
+        plan = ops.plan_decode(q, k, v)
+        run = lambda: plan.run(q, k, v, lens)  # noqa: E731
+    run()  # compile the kernels outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    for step in range(3):  # new values in the same buffers, then replay
+        q.copy_(fresh_randn(*q.shape, dtype=q.dtype))
+        lens.copy_(torch.tensor([4096 - step, 1 + step, 17, 2999], dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = (ops.paged_decode(q, k, v, table, lens) if paged
+                 else ops.flash_decode(q, k, v, cache_seqlens=lens))
+        torch.testing.assert_close(out, eager, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need an NVIDIA GPU")
+def test_default_flash_decode_is_capturable():
+    q, k, v, lens = _decode_inputs(B=1, H=32, H_kv=8, N_max=4096, D=128, lengths=(3001,))
+    q, k, v = (t.half() for t in (q, k, v))
+    ops.flash_decode(q, k, v, cache_seqlens=lens)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.flash_decode(q, k, v, cache_seqlens=lens)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, ops.flash_decode(q, k, v, cache_seqlens=lens),
+                               rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="mode='reduce-overhead' records CUDA graphs")
+def test_compiled_decode_with_cuda_graphs():
+    torch._dynamo.reset()
+    q, k, v, lens = _decode_inputs(B=2, H=32, H_kv=8, N_max=2048, D=128, lengths=(2048, 700))
+    q, k, v = (t.half() for t in (q, k, v))
+    fn = torch.compile(lambda q, k, v, lens: ops.flash_decode(q, k, v, cache_seqlens=lens),
+                       fullgraph=True, mode="reduce-overhead")
+    for _ in range(3):  # warm up, record, replay
+        got = fn(q, k, v, lens).clone()
+    torch.testing.assert_close(got, ops.flash_decode(q, k, v, cache_seqlens=lens),
+                               rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the fast launch path runs on a GPU only")
+def test_fast_launch_equals_tritons_own_launch(monkeypatch):
+    """course_lib._launch against kernel[grid](...): same outputs, bit for bit, on aligned
+    and misaligned views (a new specialization: the slow path once, then fast again)."""
+    from course_lib import _launch
+
+    if not _launch.FAST:
+        pytest.skip(f"triton {__import__('triton').__version__} is not in TESTED_TRITON")
+    _launch._CACHE.clear()
+    opd._PLANS.clear()
+    q, k, v, lens = _decode_inputs(B=2, H=32, H_kv=8, N_max=1000, D=128, lengths=(1000, 77))
+    q, k, v = (t.half() for t in (q, k, v))
+    slow_before = _launch.SLOW_LAUNCHES
+    fast = [ops.flash_decode(q, k, v, cache_seqlens=lens) for _ in range(3)]
+    assert len(_launch._CACHE) == 2  # the split and the merge kernels
+    assert _launch.SLOW_LAUNCHES - slow_before == 2  # the first call's two; then the fast path
+    store = torch.empty(q.numel() + 1, dtype=q.dtype, device=q.device)
+    q_odd = store[1:].view(q.shape).copy_(q)  # 2-byte aligned, not 16
+    fast.append(ops.flash_decode(q_odd, k, v, cache_seqlens=lens))
+    fast.append(ops.flash_decode(q_odd, k, v, cache_seqlens=lens))
+    assert len(_launch._CACHE) == 3  # the split kernel again, for the misaligned q
+    qf, kf, vf = _qkv(B=1, H=4, H_kv=2, N_q=70, N_k=70, D=64, dtype=torch.float16)
+    attn_fast = [ops.flash_attn_v2(qf, kf, vf, causal=True, impl="portable") for _ in range(2)]
+    monkeypatch.setattr(_launch, "FAST", False)
+    slow = ops.flash_decode(q, k, v, cache_seqlens=lens)
+    for o in fast:
+        torch.testing.assert_close(o, slow, rtol=0, atol=0)
+    attn_slow = ops.flash_attn_v2(qf, kf, vf, causal=True, impl="portable")
+    for o in attn_fast:
+        torch.testing.assert_close(o, attn_slow, rtol=0, atol=0)

@@ -448,3 +448,16 @@ def test_bench_needs_a_gpu():
         pytest.skip("checks the CPU path")
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         bench.main(["--quick"])
+
+
+def test_overhead_model_of_the_lesson():
+    """Lesson 12 §8's host/GPU lanes: max(t_h, t_g) per call, t_h + t_g with a read-back."""
+    from course_lib.diagrams import overhead
+
+    for t_h, t_g in ((10.0, 20.0), (40.0, 20.0)):
+        host, gpu = overhead.schedule(t_h, t_g, 50)
+        assert gpu[-1][1] == pytest.approx(min(t_h, t_g) + 50 * max(t_h, t_g))
+        assert all(g0 >= h1 for (_, h1), (g0, _) in zip(host, gpu))  # launched, then run
+    _, gpu = overhead.schedule(40.0, 20.0, 50, sync_every=1)
+    assert gpu[-1][1] == pytest.approx(50 * 60.0)
+    assert len(overhead.draw_lanes().axes) == 3

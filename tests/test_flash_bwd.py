@@ -61,7 +61,11 @@ def _check_grads(got, q, k, v, do, causal, sm_scale=None, label=""):
     for name, g, r, b in zip(("dq", "dk", "dv"), got, ref, base):
         assert g.dtype == b.dtype and g.shape == r.shape, (name, g.dtype, g.shape)
         assert not torch.isnan(g).any(), f"{name} has NaN (an element never written?)"
-        assert_close_2x(g, r, b, name=f"{label}{name}")
+        # The floor is one ulp of the largest gradient in the stored dtype: at fp16 and a few
+        # hundred elements, torch's own max error can be that small by luck (it failed the
+        # rule once in 1,350 gradients with a floor of 1e-5, while the mean errors were equal).
+        floor = max(1e-5, torch.finfo(g.dtype).eps * r.abs().max().item())
+        assert_close_2x(g, r, b, name=f"{label}{name}", atol=floor)
 
 
 def _saved_forward(q, k, v, causal, sm_scale=None):

@@ -305,6 +305,27 @@ def _sync():
         torch.cuda.synchronize()
 
 
+def _median(xs):
+    return sorted(xs)[len(xs) // 2]
+
+
+def static_compile_config(backend: str | None = None):
+    """The ``CompileConfig`` for ``generate`` with ``cache_implementation="static"``: the decode
+    step compiled with ``fullgraph=True`` and static shapes. On a GPU, Inductor with CUDA graphs
+    (``mode="reduce-overhead"``); on a CPU, ``"aot_eager"``: AOTAutograd without code
+    generation, which traces through the operators' fake implementations as Inductor does and
+    then runs the real kernels in the interpreter. transformers compiles on GPUs only unless
+    ``_compile_all_devices`` is set."""
+    from transformers import CompileConfig
+
+    on_gpu = DEVICE == "cuda"
+    config = CompileConfig(fullgraph=True, dynamic=False,
+                           backend=backend or ("inductor" if on_gpu else "aot_eager"),
+                           mode="reduce-overhead" if on_gpu else "default")
+    config._compile_all_devices = True
+    return config
+
+
 @torch.inference_mode()
 def time_prefill(model, input_ids: torch.Tensor, repeats: int = 5) -> float:
     """Median ms of one forward over the prompt (no cache kept): the prefill."""
@@ -316,7 +337,7 @@ def time_prefill(model, input_ids: torch.Tensor, repeats: int = 5) -> float:
         _sync()
         if r:
             times.append((time.perf_counter() - t0) * 1e3)
-    return sorted(times)[len(times) // 2]
+    return _median(times)
 
 
 @torch.inference_mode()
@@ -336,11 +357,7 @@ def time_decode(model, input_ids: torch.Tensor, new_tokens: int = 32, repeats: i
         if r:
             per_token.append((time.perf_counter() - t0) * 1e3 / new_tokens)
         del cache, out
-    return sorted(per_token)[len(per_token) // 2]
-
-
-def _median(xs):
-    return sorted(xs)[len(xs) // 2]
+    return _median(per_token)
 
 
 @torch.inference_mode()
@@ -355,8 +372,6 @@ def time_compiled(model, input_ids: torch.Tensor, new_tokens: int = 32,
     time of 1 token) / ``new_tokens``, so the eager prefill inside ``generate`` cancels out.
     Medians of ``repeats`` after warm-up runs that compile.
     """
-    from transformers import CompileConfig
-
     compiled = torch.compile(model, fullgraph=True, dynamic=False)
     times = []
     for r in range(repeats + 2):  # two warm-ups: compile, then settle
@@ -368,9 +383,7 @@ def time_compiled(model, input_ids: torch.Tensor, new_tokens: int = 32,
             times.append((time.perf_counter() - t0) * 1e3)
     prefill = _median(times)
 
-    config = CompileConfig(fullgraph=True, dynamic=False,
-                           mode="reduce-overhead" if torch.cuda.is_available() else "default")
-    config._compile_all_devices = True
+    config = static_compile_config()
 
     def run(n):
         _sync()

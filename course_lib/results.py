@@ -761,18 +761,17 @@ def facts() -> dict[str, Fact]:
                                        for r in dec_rows]), "README nb:12_flash_decoding",
         "data/dropin.json: speed, SDPA cuDNN time / planned step time, both CUDA graphs")
     host = drop["host"]
-    for key, col in (("plan", "plan_run_us"), ("decode", "flash_decode_us"),
-                     ("validate", "flash_decode_validate_us"),
-                     ("fa2", "flash_attn_v2_portable_us"),
-                     ("fa2_hopper", "flash_attn_v2_hopper_us"),
-                     ("sdpa_cudnn", "sdpa_cudnn_us"), ("sdpa_flash", "sdpa_flash_us"),
-                     ("empty", "empty_kernel_launch_us")):
-        add(f"host_{key}", f"{host[col]:.0f} µs",
-            ("README nb:12_flash_decoding" if key in ("validate", "fa2")
-             else "README nb:12_flash_decoding 07_decoding" if key in ("plan", "decode",
-                                                                        "sdpa_cudnn")
-             else "nb:12_flash_decoding"),
-            f"data/dropin.json host: {col}")
+    everywhere, lesson_readme, lesson = ("README nb:12_flash_decoding 07_decoding",
+                                         "README nb:12_flash_decoding", "nb:12_flash_decoding")
+    for key, col, where in (("plan", "plan_run_us", everywhere),
+                            ("decode", "flash_decode_us", everywhere),
+                            ("sdpa_cudnn", "sdpa_cudnn_us", everywhere),
+                            ("validate", "flash_decode_validate_us", lesson_readme),
+                            ("fa2", "flash_attn_v2_portable_us", lesson_readme),
+                            ("fa2_hopper", "flash_attn_v2_hopper_us", lesson),
+                            ("sdpa_flash", "sdpa_flash_us", lesson),
+                            ("empty", "empty_kernel_launch_us", lesson)):
+        add(f"host_{key}", f"{host[col]:.0f} µs", where, f"data/dropin.json host: {col}")
     for d in (80, 96):
         rs = [r for r in drop["head_dims"] if r["D"] == d]
         add(f"drop_d{d}_fa2", _span([r["sdpa_flash_ms"] / r["ours_ms"] for r in rs]), "README",

@@ -54,7 +54,7 @@ def host_us(fn, n: int = 200, rounds: int = 5) -> float:
     return sorted(out)[rounds // 2]
 
 
-def _sdpa_decode_fns(q, k, v, lens_full: bool):
+def _sdpa_decode_fns(q, k, v):
     """SDPA in the two GQA layouts (rows: (B, H_kv, G, D) queries; gqa: enable_gqa=True)."""
     B = q.shape[0]
     G = H // H_KV
@@ -87,7 +87,7 @@ def decode_rows(shapes=DECODE_SHAPES) -> list[dict]:
         row["ours_graph_gbs"] = kv_bytes / (row["ours_graph_us"] * 1e-6) / 1e9
         for backend, short in (("CUDNN_ATTENTION", "cudnn"), ("FLASH_ATTENTION", "flash")):
             best = None
-            for layout, fn in _sdpa_decode_fns(q, k, v, True).items():
+            for layout, fn in _sdpa_decode_fns(q, k, v).items():
                 with sdpa_backend(backend):
                     try:
                         eager = median_ms(fn) * 1e3
@@ -106,7 +106,7 @@ def decode_rows(shapes=DECODE_SHAPES) -> list[dict]:
         row["host_ours_plan_us"] = host_us(fns["ours_plan"])
         layout = row.get("sdpa_cudnn_layout", "gqa")
         with sdpa_backend("CUDNN_ATTENTION"):
-            row["host_sdpa_cudnn_us"] = host_us(_sdpa_decode_fns(q, k, v, True)[layout])
+            row["host_sdpa_cudnn_us"] = host_us(_sdpa_decode_fns(q, k, v)[layout])
         print(row, flush=True)
         rows.append(row)
         torch.cuda.empty_cache()

@@ -85,8 +85,9 @@ def _check_cache(q, k_cache, v_cache, cache_seqlens):
     return B, H, H_kv, N_q, N_max, D
 
 
-def _check_pages(q, k_pages, v_pages, block_table, cache_seqlens):
-    """(B, H, H_kv, N_q, D, num_blocks, block_size, max_blocks) of a paged cache."""
+def _check_pages(q, k_pages, v_pages, block_table, cache_seqlens, seqlens_required=True):
+    """(B, H, H_kv, N_q, D, num_blocks, block_size, max_blocks) of a paged cache. A plan is made
+    before any lengths exist: it passes ``seqlens_required=False``."""
     check_tensor("q", q, 4)
     for name, t in (("k_pages", k_pages), ("v_pages", v_pages)):
         check_tensor(name, t, 4)
@@ -111,8 +112,11 @@ def _check_pages(q, k_pages, v_pages, block_table, cache_seqlens):
     if block_table.device != q.device:
         raise ValueError(f"block_table is on {block_table.device} but q is on {q.device}")
     if cache_seqlens is None:
-        raise ValueError("cache_seqlens is required for paged_decode (one length per sequence)")
-    check_int_vector("cache_seqlens", cache_seqlens, B, q.device)
+        if seqlens_required:
+            raise ValueError("cache_seqlens is required for paged_decode (one length per "
+                             "sequence)")
+    else:
+        check_int_vector("cache_seqlens", cache_seqlens, B, q.device)
     return B, H, H_kv, N_q, D, num_blocks, block_size, block_table.shape[1]
 
 
@@ -328,10 +332,8 @@ class DecodePlan:
         self.paged = block_table is not None
         if self.paged:
             B, H, H_kv, N_q, D, num_blocks, page_size, max_blocks = _check_pages(
-                q, k_cache, v_cache, block_table, torch.zeros(q.shape[0], dtype=torch.int32,
-                                                              device=q.device))
+                q, k_cache, v_cache, block_table, None, seqlens_required=False)
             n_max = max_blocks * page_size
-            self._bt_shape = tuple(block_table.shape)
         else:
             B, H, H_kv, N_q, n_max, D = _check_cache(q, k_cache, v_cache, None)
             num_blocks, page_size = 1, 1

@@ -10,9 +10,15 @@ course_lib/data/dropin.json, ``host``).
 
 ``launch(kernel, grid, *args, **kwargs)`` does what ``kernel[grid](*args, **kwargs)`` does. The
 first call for a given key goes through Triton (which compiles if needed) and keeps the compiled
-kernel; later calls with the same key call its launcher directly. The key holds everything
-Triton's specialization depends on, conservatively: the kernel, the device, every tensor's dtype
-and 16-byte alignment, every other argument's value (integers by value, so a new stride or
+kernel; later calls with the same key call its launcher directly: the C function itself when
+the kernel needs no scratch memory, with each tensor handed over as its address (a Python int,
+which spares the launcher a ``data_ptr()`` call and a driver query per tensor). ``bind`` goes
+one step further for a launch repeated with new addresses only (a decode step): it returns a
+function that makes just that one call into the C launcher. Positional arguments must be the
+kernel's runtime parameters, constexprs keyword arguments. The key holds everything
+Triton's specialization depends on, conservatively: the kernel, the device, every tensor's dtype,
+device and 16-byte alignment (a TMA descriptor's too, with its shape, strides and block shape),
+every other argument's value (integers by value, so a new stride or
 length takes the slow path once), and the keyword arguments (constexprs, num_warps, num_stages).
 The fast path is skipped, and Triton does everything, in the interpreter, when a launch hook is
 installed (a profiler), when the grid is a callable, and with a Triton version whose launcher
@@ -28,6 +34,7 @@ import torch
 import triton
 from triton import knobs as _knobs
 from triton.runtime.driver import driver as _driver
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from course_lib._device import INTERPRET
 
@@ -41,10 +48,32 @@ FAST = not INTERPRET and triton.__version__.rsplit(".", 1)[0] in TESTED_TRITON
 SLOW_LAUNCHES = 0  # launches that went through Triton's own path (the tests read it)
 
 
+def _descriptor_key(d: TensorDescriptor) -> tuple:
+    # conservative: everything a host TMA descriptor holds but its base address
+    base = d.base
+    return ("desc", base.dtype, base.get_device(), not base.data_ptr() & 15,
+            tuple(d.shape), tuple(d.strides), tuple(d.block_shape), d.padding,
+            getattr(d, "round_f32_to_tf32", None))
+
+
 def _specialization(args) -> list:
-    # a list comprehension: the cheapest loop Python has (this runs on every launch)
-    return [(a.dtype, not a.data_ptr() & 15) if isinstance(a, torch.Tensor)
-            else (float if type(a) is float else a) for a in args]
+    # A list comprehension, the cheapest loop Python has (this runs on every launch), that
+    # tests ``type(a) is int`` first: ``isinstance(a, torch.Tensor)`` goes through the tensor
+    # metaclass's __instancecheck__ and costs several times more.
+    return [a if type(a) is int else
+            (a.dtype, a.get_device(), not a.data_ptr() & 15) if isinstance(a, torch.Tensor)
+            else (float if type(a) is float else
+                  _descriptor_key(a) if isinstance(a, TensorDescriptor) else a) for a in args]
+
+
+def _pointers(args) -> list:
+    # A tensor goes to the compiled launcher as its address, a Python int: the launcher then
+    # skips the ``data_ptr()`` call and the driver query (cuPointerGetAttribute) it makes for
+    # every tensor it is given. The key above holds each tensor's device, so a tensor on
+    # another device (or the CPU) never takes this path without Triton's check first.
+    # (A TensorDescriptor stays an object: the launcher encodes it.)
+    return [a if type(a) is int else a.data_ptr() if isinstance(a, torch.Tensor) else a
+            for a in args]
 
 
 def _tail(kernel, n_positional: int, kwargs: dict) -> tuple:
@@ -61,13 +90,40 @@ def _tail(kernel, n_positional: int, kwargs: dict) -> tuple:
     return tuple(out)
 
 
-def _hooks_installed() -> bool:
+def hooks_installed() -> bool:
     """Whether a profiler hooked Triton's launches (then Triton launches, and calls them).
     Triton 3.5+ keeps the hooks in a ``HookChain``, never None: what counts is its ``calls``."""
     rt = _knobs.runtime
     enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
     return bool(getattr(enter, "calls", enter is not None)
                 or getattr(leave, "calls", leave is not None))
+
+
+class _Entry:
+    """A compiled kernel and how to call its launcher: Triton's C function directly when the
+    kernel needs no scratch memory (the Python wrapper around it then only adds time)."""
+
+    __slots__ = ("compiled", "tail", "direct", "extra")
+
+    def __init__(self, compiled, tail):
+        self.compiled, self.tail = compiled, tail
+        run = compiled.run
+        self.direct = None
+        if (getattr(run, "global_scratch_size", 1) == 0
+                and getattr(run, "profile_scratch_size", 1) == 0
+                and hasattr(run, "launch") and hasattr(run, "launch_pdl")):
+            self.direct = run.launch
+            self.extra = (run.launch_cooperative_grid, run.launch_pdl, None, None)
+
+    def __call__(self, grid, stream, args):
+        c = self.compiled
+        g = tuple(grid) + (1, 1)
+        if self.direct is not None:
+            self.direct(g[0], g[1], g[2], stream, c.function, *self.extra, c.packed_metadata,
+                        None, None, None, *_pointers(args), *self.tail)
+        else:
+            c.run(g[0], g[1], g[2], stream, c.function, c.packed_metadata, None, None, None,
+                  *_pointers(args), *self.tail)
 
 
 def launch(kernel, grid, *args, **kwargs):
@@ -79,18 +135,48 @@ def launch(kernel, grid, *args, **kwargs):
     device = driver.get_current_device()
     key = (kernel, device, *_specialization(args), *kwargs.items())
     entry = _CACHE.get(key)
-    if entry is None or _hooks_installed():
+    if entry is None or hooks_installed():
         SLOW_LAUNCHES += 1
         compiled = kernel[grid](*args, **kwargs)
         if not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
             FAST = False  # a Triton whose compiled kernels launch differently: always the slow path
             return compiled
-        _CACHE[key] = (compiled, _tail(kernel, len(args), kwargs))
+        _CACHE[key] = _Entry(compiled, _tail(kernel, len(args), kwargs))
         if len(_CACHE) > _MAX_ENTRIES:
             _CACHE.popitem(last=False)
         return compiled
-    compiled, tail = entry
+    entry(grid, driver.get_current_stream(device), args)
+    return entry.compiled
+
+
+def bind(n_free: int, kernel, grid, *args, **kwargs):
+    """Launch ``kernel[grid](*args, **kwargs)`` now, and return ``again(*addresses)``: the same
+    launch with the first ``n_free`` arguments replaced by ``addresses`` (ints), everything else
+    as now, on the then current stream. ``again`` skips even the key of ``launch``: a planned
+    decode step (``course_lib.ops.DecodePlan``) is then one call into Triton's C launcher.
+
+    ``again`` checks nothing. The caller makes sure that the tensors behind the new addresses
+    have the dtypes, devices, 16-byte alignment and strides of the ones bound now (what the
+    compiled kernel is specialised on), and that no profiler hooks are installed
+    (``hooks_installed``). Returns None where the fast path is off.
+    """
+    launch(kernel, grid, *args, **kwargs)
+    if not FAST or callable(grid) or hooks_installed():
+        return None
+    driver = _driver.active
+    device = driver.get_current_device()
+    entry = _CACHE.get((kernel, device, *_specialization(args), *kwargs.items()))
+    if entry is None or entry.direct is None:
+        return None
     g = tuple(grid) + (1, 1)
-    compiled.run(g[0], g[1], g[2], driver.get_current_stream(device), compiled.function,
-                 compiled.packed_metadata, None, None, None, *args, *tail)
-    return compiled
+    gx, gy, gz = g[0], g[1], g[2]
+    direct, function, packed = entry.direct, entry.compiled.function, entry.compiled.packed_metadata
+    coop, pdl, scratch, profile = entry.extra
+    fixed = (*_pointers(args[n_free:]), *entry.tail)
+    get_stream = driver.get_current_stream
+
+    def again(*addresses):
+        direct(gx, gy, gz, get_stream(device), function, coop, pdl, scratch, profile, packed,
+               None, None, None, *addresses, *fixed)
+
+    return again

@@ -630,7 +630,25 @@ def facts() -> dict[str, Fact]:
         "data/attention_fwd.json environment")
     add("kdoc_bwd_env", env_of(bwd_speed), f"{src}flash_bwd.py",
         "data/attention_bwd.json environment")
-    add("kdoc_dec_env", env_of(dec), f"{src}decode.py", "data/decode.json environment")
+    add("kdoc_paged_env", env_of(dec), f"{src}decode.py", "data/decode.json environment")
+    drop_now = load_result("dropin")
+    add("kdoc_dec_env", env_of(drop_now), f"{src}decode.py", "data/dropin.json environment")
+
+    def _shape(r):
+        return f"B {r['B']}, N {r['N'] // 1024}k"
+
+    add("kdoc_dec_graph", "; ".join(
+        f"{_shape(r)} {r['ours_graph_us']:.1f} µs"
+        + (f", {r['ours_graph_gbs'] / drop_now['copy_gbs']:.0%} of the copy bandwidth"
+           if r["N"] >= 131072 else "") + f" ({r['sdpa_cudnn_graph_us']:.1f} µs)"
+        for r in drop_now["decode"]), f"{src}decode.py",
+        "data/dropin.json decode: planned step and SDPA cuDNN, CUDA-graph replays")
+    add("kdoc_dec_eager", ", ".join(f"{r['ours_default_us']:.1f}" for r in drop_now["decode"])
+        + " µs (cuDNN " + ", ".join(f"{r['sdpa_cudnn_us']:.1f}" for r in drop_now["decode"])
+        + " µs)", f"{src}decode.py", "data/dropin.json decode: default flash_decode and SDPA "
+        "cuDNN, eager")
+    add("kdoc_dec_host", f"{drop_now['host']['plan_run_us']:.0f} µs", f"{src}decode.py",
+        "data/dropin.json host: plan_run_us")
     add("kdoc_mm_env", env_of(load_result("matmul")), f"{src}matmul.py",
         "data/matmul.json environment")
     for D in (64, 128):
@@ -646,13 +664,6 @@ def facts() -> dict[str, Fact]:
     add("kdoc_v1_128", f"D 128, N 16k, non-causal: {v1_128:.0f} TFLOP/s, "
         f"{v1_128 / _tflops(fwd, 128, False, 16384, 'v2-portable'):.2f}x the portable v2",
         f"{src}flash_v1.py", "data/attention_fwd.json v1 and v2-portable, D 128, N 16k")
-    r_b1 = {N: rows[(1, N)] for N in (4096, 131072)}
-    add("kdoc_decode", f"B 1, N 128k: {r_b1[131072]['flash_decode']['us']:.0f} µs, "
-        f"{r_b1[131072]['flash_decode']['copy_fraction']:.0%} of the copy bandwidth "
-        f"(SDPA cuDNN {r_b1[131072]['sdpa-CUDNN_ATTENTION']['us']:.0f} µs); B 1, N 4k: "
-        f"{r_b1[4096]['flash_decode']['us']:.1f} µs (SDPA cuDNN "
-        f"{r_b1[4096]['sdpa-CUDNN_ATTENTION']['us']:.1f} µs)", f"{src}decode.py",
-        "data/decode.json B 1, graph replays")
     paged_each = [r["paged_decode"]["ms"] / r["flash_decode"]["ms"] for r in rows.values()]
     add("kdoc_paged", f"paged_decode / flash_decode latency {_span(paged_each)}",
         f"{src}decode.py", "data/decode.json paged / flash, every shape, graph replays")
@@ -769,7 +780,7 @@ def facts() -> dict[str, Fact]:
                             ("validate", "flash_decode_validate_us", lesson_readme),
                             ("fa2", "flash_attn_v2_portable_us", lesson_readme),
                             ("fa2_hopper", "flash_attn_v2_hopper_us", lesson),
-                            ("sdpa_flash", "sdpa_flash_us", lesson),
+                            ("sdpa_flash", "sdpa_flash_us", lesson_readme),
                             ("empty", "empty_kernel_launch_us", lesson)):
         add(f"host_{key}", f"{host[col]:.0f} µs", where, f"data/dropin.json host: {col}")
     for d in (80, 96):
@@ -799,6 +810,9 @@ def facts() -> dict[str, Fact]:
 
 EAGER = "eager, `do_bench` median"
 GRAPH = "CUDA-graph replay, `do_bench` median"
+
+
+TURNS = "the smaller of 2 rounds, the implementations taking turns"
 
 
 def readme_measured(f: dict | None = None) -> str:
@@ -866,20 +880,22 @@ def readme_measured(f: dict | None = None) -> str:
          "200 calls back to back after a synchronisation, median of 5 rounds",
          f"planned decode step {t('host_plan')}; `flash_decode` {t('host_decode')} "
          f"({t('host_validate')} with `validate=True`); `flash_attn_v2` at a tiny shape "
-         f"{t('host_fa2')}; SDPA cuDNN {t('host_sdpa_cudnn')}"),
+         f"{t('host_fa2')}; SDPA at that shape: FLASH {t('host_sdpa_flash')}, cuDNN "
+         f"{t('host_sdpa_cudnn')}"),
         (f"forward at head dims 80 and 96 ({t('drop_gpu')}; B 4, H 16, N 4k, causal and not): "
          "SDPA time / `flash_attn_v2` time", EAGER,
          f"FLASH_ATTENTION: D 80 {t('drop_d80_fa2')}, D 96 {t('drop_d96_fa2')}; "
          f"CUDNN_ATTENTION: D 80 {t('drop_d80_cudnn')}, D 96 {t('drop_d96_cudnn')}"),
         (f"LLaMA 1.24B on an {t('cap_gpu')}, course kernels / SDPA, prompt "
          f"{', '.join(str(p) for p in cap_prompts)}: compiled prefill",
-         "`torch.compile(fullgraph=True)`, median of 3",
+         "`torch.compile(fullgraph=True)`, median of 3; " + TURNS,
          ", ".join(t(f"cap_compiled_prefill_{p}") for p in cap_prompts)),
         ("the same: compiled decode, per token",
          "static KV cache, decode step compiled with CUDA graphs (`mode=\"reduce-overhead\"`), "
-         "(33 − 1 tokens) / 32, median of 3",
+         "(33 − 1 tokens) / 32, median of 3; " + TURNS,
          ", ".join(t(f"cap_compiled_decode_{p}") for p in cap_prompts)),
-        ("the same run, eager: prefill; decode per token", "as the eager rows above",
+        ("the same run, eager: prefill; decode per token",
+         "as the eager rows above; " + TURNS,
          "; ".join(f"{t(f'cap_eager_prefill_{p}')}; {t(f'cap_eager_decode_{p}')}"
                    for p in cap_prompts)),
     ]

@@ -103,6 +103,55 @@ def test_any_number_of_splits_gives_the_same_answer(num_splits):
     _check(o, lse, q, k, v, lens, f"{num_splits} splits")
 
 
+@pytest.mark.parametrize("merge", dec.MERGES)
+@pytest.mark.parametrize("case", [  # B, H, H_kv, N_q, N_max, D, lengths, splits
+    (2, 8, 2, 3, 97, 64, [97, 40], 3),   # 12 rows in one tile; b = 1 leaves split 2 empty
+    (1, 48, 1, 3, 70, 32, [70], 4),      # 144 rows: three row tiles, each merged on its own
+    (2, 4, 2, 1, 50, 32, [50, 3], 1),    # one split: the split kernel writes the answer
+], ids=["one_tile", "three_tiles", "one_split"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_both_merges_step_after_step(case, merge, dtype, monkeypatch):
+    """Fused into the split kernel or by a second kernel, the merge gives the reference's
+    answer at every step of one plan: the fused merge's arrival counters go back to 0."""
+    *shape, lengths, splits = case
+    B, H, H_kv, N_q, N_max, D = shape
+    _, k, v, lens = _inputs(*shape, lengths, dtype)
+    _poison_kernel_outputs(monkeypatch)
+    plan = dec.make_plan(B, H, H_kv, N_q, D, N_max, k.device, num_splits=splits, merge=merge)
+    for step in range(3):
+        q = fresh_randn(B, H, N_q, D, dtype=dtype)
+        out = poison_(torch.empty(B, H, N_q, D, device=q.device, dtype=dtype))
+        lse = poison_(torch.empty(B, H, N_q, device=q.device))
+        dec.run_plan(plan, q, k, v, lens, None, D ** -0.5, out, lse)
+        _check(out, lse, q, k, v, lens, f"merge={merge} step {step}")
+        if merge == "fused":
+            assert not plan.arrived.any(), "an arrival counter was not reset to 0"
+
+
+def test_the_two_merges_give_the_same_bits():
+    """Both merges run the same code (_merge_row) with the same chunking: in the interpreter an
+    eager step (fused) and a CUDA-graph step (the merge kernel) agree bit for bit (on a GPU the
+    two compiled kernels may round the last bit differently: tests/test_ops.py)."""
+    B, H, H_kv, N_q, N_max, D = 1, 8, 2, 1, 300, 32
+    q, k, v, lens = _inputs(B, H, H_kv, N_q, N_max, D, [257], torch.float16)
+    outs = []
+    for merge in dec.MERGES:
+        plan = dec.make_plan(B, H, H_kv, N_q, D, N_max, q.device, num_splits=7, merge=merge)
+        out = torch.empty(B, H, N_q, D, device=q.device, dtype=q.dtype)
+        lse = torch.empty(B, H, N_q, device=q.device)
+        dec.run_plan(plan, q, k, v, lens, None, D ** -0.5, out, lse)
+        outs.append((out, lse))
+    if course_lib.INTERPRET:
+        torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+    else:
+        torch.testing.assert_close(outs[0], outs[1], rtol=2 ** -10, atol=1e-6)
+
+
+def test_unknown_merge_is_refused():
+    with pytest.raises(ValueError, match="merge"):
+        dec.make_plan(1, 2, 2, 1, 32, 16, "cpu", merge="atomic")
+
+
 def test_paged_equals_flash_on_the_same_logical_data():
     q, k, v, lens = _inputs(3, 8, 2, 1, 90, 64, [90, 31, 64], torch.float16)
     gen = torch.Generator().manual_seed(3)

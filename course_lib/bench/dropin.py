@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from course_lib.bench.common import (
     DATA_DIR,
+    copy_bandwidth_gbs,
     environment,
     graph_median_ms,
     median_ms,
@@ -166,11 +167,96 @@ def head_dim_rows(dims=(64, 80, 96, 128), B=4, N=4096, Hq=16) -> list[dict]:
     return rows
 
 
+def sweep_rows(shapes=DECODE_SHAPES, configs=None, rep_ms: float = 150,
+               merges=None) -> list[dict]:
+    """Paired sweep of the decode step under CUDA graphs: every launch config of
+    ``kernels.decode.TUNE_CONFIGS`` with each merge (fused into the split kernel, or a second
+    kernel), between two timings of SDPA cuDNN (start and end: the drift of the run)."""
+    from course_lib.kernels import decode as kd
+
+    configs = kd.TUNE_CONFIGS if configs is None else configs
+    merges = kd.MERGES if merges is None else merges
+    rows = []
+    for B, N in shapes:
+        g = torch.Generator(device="cuda").manual_seed(B * 7 + N)
+        q = torch.randn(B, H, 1, D, device="cuda", dtype=torch.float16, generator=g)
+        k = torch.randn(B, H_KV, N, D, device="cuda", dtype=torch.float16, generator=g)
+        v = torch.randn(B, H_KV, N, D, device="cuda", dtype=torch.float16, generator=g)
+        lens = torch.full((B,), N, dtype=torch.int32, device="cuda")
+        out = torch.empty_like(q)
+        lse = torch.empty(B, H, 1, device="cuda")
+        ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        cudnn = _sdpa_decode_fns(q, k, v)["gqa"]
+        row = {"B": B, "N": N, "trials": []}
+        with sdpa_backend("CUDNN_ATTENTION"):
+            row["cudnn_graph_us_start"] = graph_median_ms(cudnn, rep_ms=rep_ms) * 1e3
+        for merge in merges:
+            for cfg in configs:
+                plan = kd.make_plan(B, H, H_KV, 1, D, N, q.device, config=cfg, merge=merge)
+                def step(plan=plan):
+                    kd.run_plan(plan, q, k, v, lens, None, D ** -0.5, out, lse)
+
+                step()
+                err = (out.float() - ref.float()).abs().max().item()
+                t = graph_median_ms(step, rep_ms=rep_ms) * 1e3
+                row["trials"].append({"merge": merge, **cfg, "num_splits": plan.num_splits,
+                                      "graph_us": t, "max_err": err})
+        with sdpa_backend("CUDNN_ATTENTION"):
+            row["cudnn_graph_us_end"] = graph_median_ms(cudnn, rep_ms=rep_ms) * 1e3
+        best = min(row["trials"], key=lambda r: r["graph_us"])
+        print(f"B {B} N {N}: cuDNN {row['cudnn_graph_us_start']:.1f}/"
+              f"{row['cudnn_graph_us_end']:.1f} µs; best {best}", flush=True)
+        for merge in merges:
+            b = min((r for r in row["trials"] if r["merge"] == merge),
+                    key=lambda r: r["graph_us"])
+            print(f"   best {merge}: {b['graph_us']:.1f} µs {b}", flush=True)
+        rows.append(row)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def host_breakdown() -> dict:
+    """Where the host time of one fast launch goes (µs per call, GPU idle)."""
+    from course_lib import _launch
+    from course_lib.kernels import decode as kd
+    from course_lib.ops import plan_decode
+
+    qd = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.float16)
+    kd_ = torch.randn(1, 8, 256, 128, device="cuda", dtype=torch.float16)
+    lens = torch.full((1,), 256, dtype=torch.int32, device="cuda")
+    out = {"fast": _launch.FAST}
+    for merge in kd.MERGES:
+        plan = plan_decode(qd, kd_, kd_, merge=merge)
+        out[f"plan_run_{merge}_us"] = host_us(lambda plan=plan: plan.run(qd, kd_, kd_, lens))
+    args = list(range(20)) + [qd] * 6
+    drv = _launch._driver.active
+    dev = drv.get_current_device()
+    out["specialization_26_args_us"] = host_us(lambda: _launch._specialization(args))
+    out["pointers_26_args_us"] = host_us(lambda: _launch._pointers(args))
+    out["current_device_us"] = host_us(drv.get_current_device)
+    out["current_stream_us"] = host_us(lambda: drv.get_current_stream(dev))
+    out["key_hash_us"] = host_us(lambda: hash((1, 2, *_launch._specialization(args))))
+    print(out, flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib.bench dropin")
     parser.add_argument("--out", default=str(DATA_DIR / "dropin.json"))
+    parser.add_argument("--sweep", action="store_true",
+                        help="only the paired sweep of decode configs and merges (and where a "
+                             "launch's host time goes), written to --out")
     args = parser.parse_args(argv)
     require_gpu("the drop-in benchmark")
+    if args.sweep:
+        result = {"environment": environment(),
+                  "harness": "CUDA-graph replay of each side, triton.testing.do_bench median, "
+                             "L2 flushed; SDPA cuDNN timed before and after the trials",
+                  "host": host_breakdown(), "decode": sweep_rows()}
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {args.out}")
+        return 0
     result = {"environment": environment(),
               "harness": {"timer": "triton.testing.do_bench, median, L2 flushed between calls; "
                                    "eager: both sides called eagerly; graph: both sides "
@@ -178,6 +264,7 @@ def main(argv=None) -> int:
                           "host": "CPU time per call, GPU idle: 200 calls back to back after a "
                                   "synchronisation, median of 5 rounds"},
               "decode_shape": {"H": H, "H_kv": H_KV, "D": D, "N_q": 1, "dtype": "float16"}}
+    result["copy_gbs"] = copy_bandwidth_gbs()
     result["host"] = host_rows()
     result["decode"] = decode_rows()
     result["head_dims"] = head_dim_rows()

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from course_lib._device import INTERPRET
+from course_lib._launch import bind
 from course_lib._launch import launch as fast_launch
 
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis, which carries batch x heads
@@ -115,12 +116,23 @@ def _load_tile(ptrs, rows_ok, cols_ok, ROWS: tl.constexpr, COLS: tl.constexpr):
     return x
 
 
+def cdiv(a: int, b: int) -> int:
+    """``triton.cdiv`` for host code: the same arithmetic without its per-call wrapper, which
+    costs about 2 µs (measured; a launch's host time is a budget of a few tens)."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """``triton.next_power_of_2`` for host code, without its per-call wrapper."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 def head_dim_pad(head_dim: int) -> int:
     """The power of two a kernel's ``tl.arange`` spans for this head dim (40 -> 64, 80 -> 128).
 
     The config tables are keyed by it: a padded tile costs what the power-of-two tile costs.
     """
-    return triton.next_power_of_2(head_dim)
+    return next_pow2(head_dim)
 
 
 @triton.jit
@@ -147,32 +159,52 @@ AUTOTUNE_MIN_N = 2048
 INTERPRETER_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 16}
 
 _FIRST_KEPT: dict = {}
+_TUNED_PICK: dict = {}  # (autotuner, meta, ints, dtype) -> the config it picked
 
 
-def launch(kernel, tuned, configs, keep, grid_of, args, meta, n_bucket, prepare=None):
+def launch(kernel, tuned, configs, keep, grid_of, args, meta, n_bucket, prepare=None,
+           bind_free: int = 0):
     """Launch ``kernel`` in one of three ways: interpreter blocks, a fixed config, or autotuned.
 
     ``grid_of(BLOCK_M)`` gives the grid. ``prepare(blocks)`` readies a fixed config's launch the
     way the autotuner's config pre-hook readies a tuned one (the TMA descriptors' block shapes).
+    The autotuner is asked once per shape (every integer argument, the metadata and the dtype:
+    a finer key than its own); later calls launch its pick directly, through
+    ``course_lib._launch``, without the autotuner's per-call host work. ``bind_free`` > 0:
+    return the launch bound to every argument but the first ``bind_free`` addresses
+    (``course_lib._launch.bind``), or None.
     """
     if not INTERPRET and n_bucket >= AUTOTUNE_MIN_N:
-        tuned[lambda m: grid_of(m["BLOCK_M"])](*args, **meta)
-        return
-    cfg_key = (id(configs), keep, *meta.items())
-    cfg = _FIRST_KEPT.get(cfg_key)
-    if cfg is None:  # the filter runs once per (config list, head dim, causal, precision)
-        cfg = _FIRST_KEPT[cfg_key] = keep(configs, {}, **meta)[0]
+        first = args[0]
+        dtype = first.dtype if isinstance(first, torch.Tensor) else first.base.dtype
+        tune_key = (id(tuned), dtype, *meta.items(), *(a for a in args if type(a) is int))
+        cfg = _TUNED_PICK.get(tune_key)
+        if cfg is None:
+            tuned[lambda m: grid_of(m["BLOCK_M"])](*args, **meta)
+            if len(_TUNED_PICK) >= 4096:  # many shapes (every prompt length): start over
+                _TUNED_PICK.clear()
+            _TUNED_PICK[tune_key] = tuned.best_config
+            return None
+    else:
+        cfg_key = (id(configs), keep, *meta.items())
+        cfg = _FIRST_KEPT.get(cfg_key)
+        if cfg is None:  # the filter runs once per (config list, head dim, causal, precision)
+            cfg = _FIRST_KEPT[cfg_key] = keep(configs, {}, **meta)[0]
     if INTERPRET:  # the GPU's code path (Q_IN_REGS, ROWSUM_MMA, ...) with small tiles
         blocks, options = {**cfg.kwargs, **INTERPRETER_BLOCKS}, {}
     else:
         blocks, options = cfg.kwargs, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     if prepare is not None:
         prepare(blocks)
-    elif not INTERPRET:  # Triton's per-call host work once per key (course_lib._launch)
+    if not INTERPRET:  # Triton's per-call host work once per key (course_lib._launch)
+        if bind_free:
+            return bind(bind_free, kernel, grid_of(blocks["BLOCK_M"]), *args, **meta, **blocks,
+                        **options)
         fast_launch(kernel, grid_of(blocks["BLOCK_M"]), *args, **meta, **blocks, **options)
-        return
+        return None
     with interpreter_errstate():
         kernel[grid_of(blocks["BLOCK_M"])](*args, **meta, **blocks, **options)
+    return None
 
 
 def interpreter_errstate():
@@ -201,5 +233,4 @@ def allocate_outputs(q, out=None):
     if out is not None:
         return out
     B, H, N_Q, D = q.shape
-    return (torch.empty((B, H, N_Q, D), dtype=q.dtype, device=q.device),
-            torch.empty((B, H, N_Q), dtype=torch.float32, device=q.device))
+    return q.new_empty((B, H, N_Q, D)), q.new_empty((B, H, N_Q), dtype=torch.float32)

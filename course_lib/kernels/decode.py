@@ -2,65 +2,56 @@
 
 Introduced in notebooks/12_flash_decoding.ipynb (``flash_decode``) and
 notebooks/13_paged_attention.ipynb (``paged_decode``); notebooks/11_kv_cache_gqa.ipynb explains
-why decoding needs them.
+why decoding needs them: ``N_q`` new query tokens (1, or a few when a draft is verified) attend
+to the ``L_b`` cached keys of sequence ``b``. The FLOPs are tiny and every byte of K and V is
+read once, so decoding is bound by memory bandwidth; and a forward kernel like
+``flash_attn_v2`` has one program per (batch, head, BLOCK_M rows): 32 programs for 132 SMs at
+batch 1 (course_lib/data/decode.json). FlashAttention's ``flash_attn_with_kvcache`` splits the
+keys instead, as this file does.
 
-The problem. At every generated token a model attends ``N_q`` new query tokens (1 for plain
-decoding, a few when a draft is verified in speculative decoding) to the ``L_b`` keys and
-values already in the cache of sequence ``b``. The FLOPs are tiny (4·H·N_q·L·D) and every byte
-of K and V is read once: decoding is bound by memory bandwidth (arithmetic intensity
-``H·N_q/H_kv`` FLOP per fp16 byte; see ``course_lib.iomodel.decode``). A FlashAttention forward
-kernel like the course's ``flash_attn_v2`` launches one program per (batch, head, BLOCK_M query
-rows): at batch 1 that is 32 programs for 132 SMs, each walking all ``L`` keys alone (measured in
-course_lib/data/decode.json). The pieces below fix that, as FlashAttention's own decoding path
-(``flash_attn_with_kvcache``) does.
-
-The pieces
-----------
-``_decode_split_kernel`` (Flash-Decoding step 2, Dao et al., "Flash-Decoding for long-context
+``_decode_split_kernel`` (Flash-Decoding, Dao et al., "Flash-Decoding for long-context
 inference", 2023): grid ``(num_splits, B·H_kv, m_tiles)``. Program ``(s, b·H_kv + g, t)`` takes
-split ``s`` of sequence ``b``'s keys (its ``L_b`` keys cut into ``num_splits`` runs of whole
-``BLOCK_N`` tiles) and *all* query rows that read key/value head ``g``: the ``G = H/H_kv``
-query heads of the GQA group times the ``N_q`` query tokens, ``G·N_q`` rows stacked in the M
-dimension of ``tl.dot`` (padded to ``BLOCK_M`` >= 16). So each K/V tile is loaded from HBM
-once and used by every query head that shares it. The loop is FlashAttention-2's online
-softmax in base 2 (``qk_scale = sm_scale·log2(e)`` folded into the scores, ``exp2``), fp32
-accumulators, causal masking of the ``N_q`` rows bottom-right aligned to ``L_b``. It writes the
-split's *normalised* partial output ``o_s`` (fp32) and its natural-log ``lse_s``.
+split ``s`` of sequence ``b``'s keys (whole ``BLOCK_N`` tiles) and *all* query rows that read
+key/value head ``g``: the ``G = H/H_kv`` heads of the GQA group times the ``N_q`` queries,
+stacked in the M dimension of ``tl.dot``, so each K/V tile is read from HBM once. The loop is
+FlashAttention-2's online softmax in base 2 with fp32 accumulators, causal among the ``N_q``
+rows (bottom-right aligned to ``L_b``). It writes the split's normalised ``o_s`` (fp32) and its
+natural-log ``lse_s``; a single split writes the answer itself.
 
-``_decode_merge_kernel`` (step 3): one program per query row combines the splits,
-``lse = log Σ_s exp(lse_s)``, ``o = Σ_s exp(lse_s − lse)·o_s`` — the (m, d) merge of lesson 01
-with (lse, o) in place of (m, d). Empty splits carry ``lse_s = −inf`` and weigh nothing.
+``_decode_merge_kernel``: one program per query row, ``lse = log Σ_s exp(lse_s)``,
+``o = Σ_s exp(lse_s − lse)·o_s`` — lesson 01's (m, d) merge with (lse, o). Empty splits carry
+``lse_s = −inf`` and weigh nothing. The same code (``_merge_row``) can run at the end of the
+split kernel (``FUSED_MERGE``): each program counts itself in with an atomic add on a counter
+of its rows (release-acquire, after a barrier: NVIDIA's threadFenceReduction CUDA sample); the
+one that brings it to ``num_splits`` sees every split's stores, merges, and resets the counter
+to 0. ``MERGES`` says which path a launch takes.
 
-``paged_decode`` uses the same two kernels with ``PAGED=True``: the only change is where row
-``n`` of K/V lives. Contiguously it is ``k_cache[b, g, n]``; paged (PagedAttention: Kwon et al.
-2023, §4.1; the layout ``flash_attn_with_kvcache`` takes with a ``block_table``)
-it is ``k_pages[block_table[b, n // block_size], n % block_size, g]``. A ``BLOCK_N`` tile spans
-``BLOCK_N / block_size`` pages: the kernel gathers the physical block id of each of its rows
-(a cached load) and then loads the rows like any others.
+``paged_decode`` runs the same kernels with ``PAGED=True``: row ``n`` of K/V lives at
+``k_pages[block_table[b, n // block_size], n % block_size, g]`` (PagedAttention: Kwon et al.
+2023, §4.1), a gathered block id per row instead of ``k_cache[b, g, n]``.
 
-Choosing the work split (``choose_num_splits``): ``num_splits`` is the largest power of two
-that keeps the grid at or under ``PROGRAMS_PER_SM`` programs per SM
-(``torch.cuda.get_device_properties().multi_processor_count``), never fewer than
-``MIN_TILES_PER_SPLIT`` tiles of keys per split; the interpreter uses one small config
-(``BLOCK_N`` = 16) and at most 4 splits. The launch config (BLOCK_N, num_warps, num_stages)
-comes from ``DECODE_CONFIGS`` by head dim; ``config=`` overrides it (the benchmark's
-``--tune`` sweeps them).
+``choose_num_splits``: the largest power of two that keeps at most ``PROGRAMS_PER_SM`` programs
+per SM, with at least ``MIN_TILES_PER_SPLIT`` tiles per split (the interpreter: ``BLOCK_N``
+16, at most 4 splits). ``pick_config``: (BLOCK_N, num_warps, num_stages) by head dim, for D 128
+by how the work falls on the SMs; ``config=`` overrides it.
 
-Plan and run (``make_plan``, ``run_plan``), in the manner of FlashInfer's ``plan()``/``run()``:
-the split count, the launch config and the buffers are decided once per batch shape; a decode
-step then only launches the two kernels, reads nothing back from the device and allocates
-nothing, so it can be captured in a CUDA graph. The kernel clamps every length to [0, N_max] and
-every block id to [0, num_blocks): a wrong value gives a wrong answer, never a read outside the
-cache. The public, validated functions are ``course_lib.ops.flash_decode`` and ``paged_decode``.
+Plan and run (``make_plan``, ``run_plan``), as FlashInfer's ``plan()``/``run()``: split count,
+config and buffers are decided once per batch shape; a step only launches, reads nothing back
+and allocates nothing, so it can be captured in a CUDA graph. ``run_plan(..., bind=True)``
+returns the launches bound to all but the seven addresses that change from step to step
+(``course_lib._launch.bind``). The kernel clamps lengths to [0, N_max] and block ids to
+[0, num_blocks): a wrong value gives a wrong answer, never a read outside the cache. The
+validated functions are ``course_lib.ops.flash_decode`` and ``paged_decode``.
 
-Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-24 (N_q = 1, H = 32,
-H_kv = 8, D = 128, fp16; every provider timed as a CUDA-graph replay, ``do_bench`` median, L2
-flushed; course_lib/data/decode.json, which also has every eager time):
-B 1, N 128k: 198 µs, 90% of the copy bandwidth (SDPA cuDNN 193 µs); B 1, N 4k: 18.8 µs
-(SDPA cuDNN 18.8 µs).
-paged_decode / flash_decode latency 1.02–1.07× at every shape. Called eagerly at N 4k the host's
-work dominates: the two launches with their Python (lesson 12, section 8, and
-course_lib/data/dropin.json measure it; course_lib/data/perf_notes.md tells the story).
+Speed (N_q 1, H 32, H_kv 8, D 128, fp16; ``do_bench`` median, L2 flushed; both sides in one run;
+course_lib/data/dropin.json) on an NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-11-25.
+Planned step as a CUDA graph, against SDPA cuDNN's graph: B 1, N 4k 15.2 µs (16.5 µs); B 1, N
+128k 139.2 µs, 90% of the copy bandwidth (138.8 µs); B 8, N 4k 48.9 µs (49.0 µs); B 64, N 2k
+135.4 µs (136.9 µs). ``flash_decode`` eagerly, default arguments: 18.8, 141.4, 50.0, 134.9 µs
+(cuDNN 17.5, 139.7, 50.3, 136.9 µs). Host time of a planned step, GPU idle: 8 µs. On an NVIDIA
+H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-24 (course_lib/data/decode.json):
+paged_decode / flash_decode latency 1.02–1.07× at every shape. Configs and merges measured:
+course_lib/data/decode_sweep.json; the story: course_lib/data/perf_notes.md.
 """
 from __future__ import annotations
 
@@ -72,7 +63,9 @@ import triton
 import triton.language as tl
 
 from course_lib._device import INTERPRET
+from course_lib._launch import bind as bind_launch
 from course_lib._launch import launch
+from course_lib.kernels.attention_common import cdiv, next_pow2
 from course_lib.reference import LOG2E
 
 MAX_SPLITS = 256
@@ -86,7 +79,7 @@ DECODE_CONFIGS = {
     16: dict(BLOCK_N=128, num_warps=4, num_stages=3),
     32: dict(BLOCK_N=128, num_warps=4, num_stages=3),
     64: dict(BLOCK_N=128, num_warps=4, num_stages=3),
-    128: dict(BLOCK_N=64, num_warps=4, num_stages=4),
+    128: dict(BLOCK_N=64, num_warps=4, num_stages=3),  # pick_config refines it by the work
     256: dict(BLOCK_N=32, num_warps=4, num_stages=3),
 }
 # Candidates the benchmark's --tune sweeps (for D = 128); the default above is one of them.
@@ -96,6 +89,13 @@ TUNE_CONFIGS = [
     if not (bn == 128 and s == 4)  # 2 × 128 × 128 × 2 B × 4 stages = 256 KiB: over shared memory
 ]
 INTERPRET_CONFIG = dict(BLOCK_N=16, num_warps=4, num_stages=1)
+# The merge: by the last split of a group of rows ("fused": one launch) or a second kernel
+# ("kernel"). "auto" fuses eagerly (the host's time per launch decides a short step) and takes
+# the merge kernel in a CUDA-graph capture (no host time left; its GPU time was the shorter:
+# course_lib/data/decode_sweep.json).
+MERGES = ("fused", "kernel")
+MERGE_CHUNK = 32  # splits merged per step of the merge loop
+DEFAULT_MERGE = "auto"
 INTERPRET_MAX_SPLITS = 4  # the interpreter runs programs one after another: keep it small
 
 
@@ -105,16 +105,18 @@ INTERPRET_MAX_SPLITS = 4  # the interpreter runs programs one after another: kee
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, SEQLENS, BLOCK_TABLE, O_PART, LSE_PART,
+    Q, K, V, SEQLENS, BLOCK_TABLE, OUT, LSE_OUT, O_PART, LSE_PART, ARRIVED,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,  # contiguous: (B, H_kv, N) strides; paged: (block, head, slot)
     stride_vb, stride_vh, stride_vn,
     stride_btb,
+    stride_ob, stride_oh, stride_om,
     qk_scale, H, N_MAX, NUM_BLOCKS,
     N_Q: tl.constexpr, GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQLENS: tl.constexpr,
-    IEEE_DOT: tl.constexpr,
+    IEEE_DOT: tl.constexpr, FUSED_MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
     split = tl.program_id(0)
     bg = tl.program_id(1)  # b * H_kv + g
@@ -214,23 +216,37 @@ def _decode_split_kernel(
     l_safe = tl.where(has_keys, l_i, 1.0)
     o = acc / l_safe[:, None]
     lse = tl.where(has_keys, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-    tl.store(lse_ptrs, lse, mask=row_ok)
-    tl.store(o_ptrs, o, mask=row_mask)
+    if NUM_SPLITS == 1:  # the only split: its result is the answer, no merge
+        out_ptrs = (OUT + b.to(tl.int64) * stride_ob + head[:, None] * stride_oh
+                    + qi[:, None] * stride_om + offs_d[None, :])
+        tl.store(out_ptrs, o.to(OUT.dtype.element_ty), mask=row_mask)
+        tl.store(LSE_OUT + part_row, lse, mask=row_ok)
+    else:
+        tl.store(lse_ptrs, lse, mask=row_ok)
+        tl.store(o_ptrs, o, mask=row_mask)
+        if FUSED_MERGE:
+            # The last split of these rows to finish merges them: stores done (barrier), one
+            # release-acquire atomic counts this split in; the last sees every split's stores.
+            tl.debug_barrier()
+            counter = ARRIVED + bg * tl.num_programs(2) + m_tile
+            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if arrived == NUM_SPLITS - 1:
+                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+                rows_end = tl.minimum(m_tile * BLOCK_M + BLOCK_M, GROUP * N_Q)
+                for r in range(m_tile * BLOCK_M, rows_end):
+                    head_r = g * GROUP + r // N_Q
+                    qi_r = r % N_Q
+                    _merge_row(O_PART, LSE_PART, (b * H + head_r) * N_Q + qi_r,
+                               OUT + b.to(tl.int64) * stride_ob + head_r * stride_oh
+                               + qi_r * stride_om, LSE_OUT,
+                               NUM_SPLITS, BLOCK_S, HEAD_DIM, CHUNK)
 
 
 @triton.jit
-def _decode_merge_kernel(
-    O_PART, LSE_PART, OUT, LSE_OUT,
-    H,
-    stride_ob, stride_oh, stride_om,
-    N_Q: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-    HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr = 16,
-):
-    row = tl.program_id(0)  # (b·H + h)·N_Q + i
-    i = row % N_Q
-    bh = row // N_Q
-    b = bh // H
-    h = bh % H
+def _merge_row(O_PART, LSE_PART, row, out_ptr, LSE_OUT, NUM_SPLITS: tl.constexpr,
+               BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr):
+    """Merge the NUM_SPLITS partial results of query row ``row`` into ``out_ptr`` (HEAD_DIM
+    values) and ``LSE_OUT[row]``."""
     HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)  # columns past D masked
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     # pass 1: the largest lse_s (empty splits hold -inf)
@@ -246,39 +262,49 @@ def _decode_merge_kernel(
         offs_c = s0 + tl.arange(0, CHUNK)
         lse_s = tl.load(LSE_PART + row * NUM_SPLITS + offs_c, mask=offs_c < NUM_SPLITS,
                         other=float("-inf"))  # (CHUNK,)
-        used = lse_s > float("-inf")  # empty splits weigh nothing (their o_s is not read)
+        used = lse_s > float("-inf")
         w = tl.where(used, tl.exp(lse_s - lse_max), 0.0)
         if HEAD_DIM_PAD != HEAD_DIM:
-            o_mask = used[:, None] & (offs_d[None, :] < HEAD_DIM)
+            o_mask = (offs_c < NUM_SPLITS)[:, None] & (offs_d[None, :] < HEAD_DIM)
         else:
-            o_mask = used[:, None]
+            o_mask = (offs_c < NUM_SPLITS)[:, None]
         o_s = tl.load(O_PART + (row * NUM_SPLITS + offs_c)[:, None] * HEAD_DIM + offs_d[None, :],
-                      mask=o_mask, other=0.0)  # (CHUNK, HEAD_DIM_PAD)
+                      mask=o_mask, other=0.0)  # (CHUNK, HEAD_DIM_PAD), loaded with the lses
+        o_s = tl.where(used[:, None], o_s, 0.0)  # an empty split weighs nothing, whatever it holds
         acc += tl.sum(o_s * w[:, None], 0)
         denom += w
     total = tl.sum(denom, 0)
     total_safe = tl.where(total > 0.0, total, 1.0)
     o = acc / total_safe  # (HEAD_DIM_PAD,)
     lse = tl.where(total > 0.0, lse_max + tl.log(total_safe), float("-inf"))
-    out_ptrs = OUT + b.to(tl.int64) * stride_ob + h * stride_oh + i * stride_om + offs_d
     if HEAD_DIM_PAD != HEAD_DIM:
-        tl.store(out_ptrs, o.to(OUT.dtype.element_ty), mask=offs_d < HEAD_DIM)
+        tl.store(out_ptr + offs_d, o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
     else:
-        tl.store(out_ptrs, o.to(OUT.dtype.element_ty))
+        tl.store(out_ptr + offs_d, o.to(out_ptr.dtype.element_ty))
     tl.store(LSE_OUT + row, lse)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    O_PART, LSE_PART, OUT, LSE_OUT,
+    H,
+    stride_ob, stride_oh, stride_om,
+    N_Q: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+    HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr = 16,
+):
+    row = tl.program_id(0)  # (b·H + h)·N_Q + i
+    i = row % N_Q
+    bh = row // N_Q
+    b = bh // H
+    h = bh % H
+    _merge_row(O_PART, LSE_PART, row,
+               OUT + b.to(tl.int64) * stride_ob + h * stride_oh + i * stride_om, LSE_OUT,
+               NUM_SPLITS, BLOCK_S, HEAD_DIM, CHUNK)
 
 
 # ---------------------------------------------------------------------------------------------
 # planning the launch
 # ---------------------------------------------------------------------------------------------
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)  # triton.cdiv's arithmetic, without its per-call wrapper cost
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
 
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int | None = None) -> int:
@@ -287,10 +313,24 @@ def _sm_count(device_index: int | None = None) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def pick_config(head_dim: int) -> dict:
-    """The launch config (BLOCK_N, num_warps, num_stages) used for ``head_dim``: that of the
-    power of two the kernels pad it to (D 80 runs D 128's tiles)."""
-    return dict(INTERPRET_CONFIG) if INTERPRET else dict(DECODE_CONFIGS[_next_pow2(head_dim)])
+def pick_config(head_dim: int, batch: int | None = None, kv_heads: int = 1,
+                n_keys: int = 0, m_tiles: int = 1, sm_count: int | None = None) -> dict:
+    """(BLOCK_N, num_warps, num_stages) for ``head_dim``: that of the power of two the kernels
+    pad it to. For D 128 and a given work (``batch`` ...): splits of at most two 64-key tiles take
+    128-key tiles; one split per sequence and over two programs per SM, two stages (more programs
+    resident); else 64-key tiles, three stages. Each was the fastest or within 0.5% of it at its
+    shape, CUDA graphs, H100 and H200 (course_lib/data/decode_sweep.json)."""
+    if INTERPRET:
+        return dict(INTERPRET_CONFIG)
+    if next_pow2(head_dim) != 128 or batch is None:
+        return dict(DECODE_CONFIGS[next_pow2(head_dim)])
+    sms = sm_count if sm_count is not None else _sm_count()
+    splits = choose_num_splits(batch, kv_heads, n_keys, 64, sm_count=sms, m_tiles=m_tiles)
+    if splits == 1 and batch * kv_heads * m_tiles > PROGRAMS_PER_SM * sms:
+        return dict(BLOCK_N=64, num_warps=4, num_stages=2)
+    if cdiv(n_keys, 64 * splits) <= 2:
+        return dict(BLOCK_N=128, num_warps=4, num_stages=3)
+    return dict(BLOCK_N=64, num_warps=4, num_stages=3)
 
 
 def choose_num_splits(batch: int, kv_heads: int, n_keys: int, block_n: int,
@@ -315,7 +355,7 @@ def choose_num_splits(batch: int, kv_heads: int, n_keys: int, block_n: int,
     sms = sm_count if sm_count is not None else _sm_count()
     programs = batch * kv_heads * m_tiles
     wanted = 1 << max(0, (PROGRAMS_PER_SM * sms // programs).bit_length() - 1)
-    most = max(1, _cdiv(n_keys, MIN_TILES_PER_SPLIT * block_n))
+    most = max(1, cdiv(n_keys, MIN_TILES_PER_SPLIT * block_n))
     return int(max(1, min(wanted, most, max_splits)))
 
 
@@ -338,7 +378,7 @@ def split_bounds(seqlen: int, num_splits: int, block_n: int) -> list[tuple[int, 
 
 def _block_m(rows: int) -> int:
     """Rows of the M dimension per program: >= 16 (tl.dot's minimum), at most 64."""
-    return max(16, min(64, _next_pow2(rows)))
+    return max(16, min(64, next_pow2(rows)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,11 +392,9 @@ def _empty(shape, device, dtype):
 
 @dataclass
 class SplitPlan:
-    """What a decode step needs besides its tensors, decided once per batch shape: the split
-    count, the launch config, the grids and the splits' scratch buffers (partial outputs and
-    lses). ``run_plan`` then only launches the two kernels: no host computation, no allocation,
-    no read of device memory, so a step can be captured in a CUDA graph.
-    """
+    """What a decode step needs besides its tensors, decided once per batch shape: split count,
+    launch config and scratch buffers. ``run_plan`` then only launches: no allocation, no read
+    of device memory, so a step can be captured in a CUDA graph."""
 
     B: int
     H: int
@@ -371,58 +409,91 @@ class SplitPlan:
     block_m: int
     m_tiles: int
     config: dict
+    merge: str
     o_part: torch.Tensor
     lse_part: torch.Tensor
+    arrived: torch.Tensor
+    # (signature, launch) of ``flash_decode``'s last eager call with this plan: the split
+    # kernel bound to every argument but its addresses (kept here: it writes into our buffers)
+    bound: tuple | None = None
 
 
 def make_plan(B: int, H: int, H_kv: int, N_q: int, D: int, n_max: int, device, *,
               num_splits: int | None = None, config: dict | None = None, paged: bool = False,
-              page_size: int = 1, num_blocks: int = 1, sm_count: int | None = None) -> SplitPlan:
-    """A ``SplitPlan`` for caches of at most ``n_max`` keys (inputs already validated)."""
-    cfg = dict(config) if config is not None else pick_config(D)
+              page_size: int = 1, num_blocks: int = 1, sm_count: int | None = None,
+              merge: str = DEFAULT_MERGE) -> SplitPlan:
+    """A ``SplitPlan`` for caches of at most ``n_max`` keys (inputs already validated).
+
+    ``merge``: "fused" (the last split of each group of rows merges them: one launch),
+    "kernel" (a second kernel merges every row: two launches) or "auto" (``MERGES``)."""
+    if merge not in ("auto", *MERGES):
+        raise ValueError(f"merge must be one of {('auto', *MERGES)}, got {merge!r}")
     rows = (H // H_kv) * N_q
     block_m = _block_m(rows)
-    m_tiles = _cdiv(rows, block_m)
+    m_tiles = cdiv(rows, block_m)
+    cfg = (dict(config) if config is not None
+           else pick_config(D, B, H_kv, n_max, m_tiles, sm_count=sm_count))
     if num_splits is None:
         num_splits = choose_num_splits(B, H_kv, n_max, cfg["BLOCK_N"], sm_count=sm_count,
                                        m_tiles=m_tiles,
                                        max_splits=INTERPRET_MAX_SPLITS if INTERPRET else MAX_SPLITS)
     return SplitPlan(
         B, H, H_kv, N_q, D, n_max, paged, page_size, num_blocks, num_splits, block_m, m_tiles,
-        cfg,
+        cfg, merge,
         o_part=_empty((B, H, N_q, num_splits, D), device=device, dtype=torch.float32),
-        lse_part=_empty((B, H, N_q, num_splits), device=device, dtype=torch.float32))
+        lse_part=_empty((B, H, N_q, num_splits), device=device, dtype=torch.float32),
+        # one arrival counter per (sequence, kv head, row tile), 0 between launches
+        arrived=(torch.zeros(B * H_kv * m_tiles, device=device, dtype=torch.int32)
+                 if merge != "kernel" else torch.empty(1, device=device, dtype=torch.int32)))
 
 
-def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, out, lse):
-    """The two launches of a decode step: the split kernel, then the merge into ``out`` (B, H,
-    N_q, D) and ``lse`` (B, H, N_q). ``k``, ``v``: (B, H_kv, N, D) contiguous-cache layout, or
-    (num_blocks, block_size, H_kv, D) pages with ``block_table``; ``seqlens`` (B,) int32 or
-    None. Launched through ``course_lib._launch.launch`` (Triton's host work once per key)."""
+def capturing() -> bool:
+    """Whether the current CUDA stream is being captured into a CUDA graph."""
+    return not INTERPRET and torch.cuda.is_current_stream_capturing()
+
+
+def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, out, lse,
+             bind: bool = False):
+    """A decode step into ``out`` (B, H, N_q, D) and ``lse`` (B, H, N_q): one launch (one split,
+    or the fused merge) or two (then the merge kernel). ``k``, ``v``: (B, H_kv, N, D), or pages
+    (num_blocks, block_size, H_kv, D) with ``block_table``; ``seqlens`` (B,) int32 or None.
+    ``bind=True`` returns the launches bound to all but the split kernel's first seven addresses
+    (q, k, v, seqlens, block_table, out, lse; ``course_lib._launch.bind``), or None."""
+    sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()
     if plan.paged:  # k (num_blocks, block_size, H_kv, D): block, slot, head strides
-        skb, skn, skh = k.stride(0), k.stride(1), k.stride(2)
-        svb, svn, svh = v.stride(0), v.stride(1), v.stride(2)
+        skb, skn, skh = sk[0], sk[1], sk[2]
+        svb, svn, svh = sv[0], sv[1], sv[2]
         stride_bt = block_table.stride(0)
     else:  # k (B, H_kv, N, D)
-        skb, skh, skn = k.stride(0), k.stride(1), k.stride(2)
-        svb, svh, svn = v.stride(0), v.stride(1), v.stride(2)
+        skb, skh, skn = sk[0], sk[1], sk[2]
+        svb, svh, svn = sv[0], sv[1], sv[2]
         stride_bt = 0
-    cfg, B, H, N_q, D = plan.config, plan.B, plan.H, plan.N_q, plan.D
+    cfg, B, H, N_q, D, S = plan.config, plan.B, plan.H, plan.N_q, plan.D, plan.num_splits
     has_seqlens = seqlens is not None
-    launch(_decode_split_kernel, (plan.num_splits, B * plan.H_kv, plan.m_tiles),
-           q, k, v, seqlens if has_seqlens else q, block_table if plan.paged else q,
-           plan.o_part, plan.lse_part,
-           q.stride(0), q.stride(1), q.stride(2),
-           skb, skh, skn, svb, svh, svn, stride_bt,
-           sm_scale * LOG2E, H, plan.n_max, plan.num_blocks,
-           N_Q=N_q, GROUP=H // plan.H_kv, NUM_SPLITS=plan.num_splits, HEAD_DIM=D,
-           BLOCK_M=plan.block_m, BLOCK_N=cfg["BLOCK_N"], PAGED=plan.paged,
-           PAGE_SIZE=plan.page_size, HAS_SEQLENS=has_seqlens, IEEE_DOT=q.dtype == torch.float32,
-           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    launch(_decode_merge_kernel, (B * H * N_q,),
-           plan.o_part, plan.lse_part, out, lse, H,
-           out.stride(0), out.stride(1), out.stride(2),
-           N_Q=N_q, NUM_SPLITS=plan.num_splits, BLOCK_S=_next_pow2(plan.num_splits),
-           HEAD_DIM=D, CHUNK=min(16, _next_pow2(plan.num_splits)),
-           num_warps=4 if D >= 128 else 2)
+    merge = plan.merge
+    if merge == "auto":
+        merge = "kernel" if capturing() else "fused"
+    fused = merge == "fused"
+    block_s = next_pow2(S)
+    chunk = min(MERGE_CHUNK, block_s)  # one chunking for both merges: the same sums
+    go = functools.partial(bind_launch, 7) if bind else launch
+    split = go(_decode_split_kernel, (S, B * plan.H_kv, plan.m_tiles),
+               q, k, v, seqlens if has_seqlens else q, block_table if plan.paged else q,
+               out, lse, plan.o_part, plan.lse_part, plan.arrived,
+               sq[0], sq[1], sq[2], skb, skh, skn, svb, svh, svn, stride_bt, so[0], so[1], so[2],
+               sm_scale * LOG2E, H, plan.n_max, plan.num_blocks,
+               N_Q=N_q, GROUP=H // plan.H_kv, NUM_SPLITS=S, HEAD_DIM=D,
+               BLOCK_M=plan.block_m, BLOCK_N=cfg["BLOCK_N"], PAGED=plan.paged,
+               PAGE_SIZE=plan.page_size, HAS_SEQLENS=has_seqlens,
+               IEEE_DOT=q.dtype == torch.float32, FUSED_MERGE=fused, BLOCK_S=block_s,
+               CHUNK=chunk, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    launches = [split]
+    if S > 1 and not fused:
+        go = functools.partial(bind_launch, 0) if bind else launch
+        launches.append(go(_decode_merge_kernel, (B * H * N_q,),
+                           plan.o_part, plan.lse_part, out, lse, H, so[0], so[1], so[2],
+                           N_Q=N_q, NUM_SPLITS=S, BLOCK_S=block_s, HEAD_DIM=D, CHUNK=chunk,
+                           num_warps=4 if D >= 128 else 2))
+    if bind:
+        return None if any(f is None for f in launches) else launches
     return out, lse

@@ -42,6 +42,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from course_lib._device import INTERPRET
+from course_lib._launch import hooks_installed
 from course_lib.kernels.attention_common import (  # noqa: F401 (the lesson reads them here)
     AUTOTUNE_MIN_N,
     INTERPRETER_BLOCKS,
@@ -51,9 +53,11 @@ from course_lib.kernels.attention_common import (  # noqa: F401 (the lesson read
     _q_block_program,
     _softmax_scores,
     allocate_outputs,
+    cdiv,
     dot_precision,
     head_dim_pad,
     launch,
+    next_pow2,
 )
 from course_lib.reference import LOG2E  # noqa: F401 (notebook 08 reads LOG2E here)
 
@@ -184,19 +188,38 @@ _portable_tuned = triton.autotune(
 )(_flash_fwd_v2_kernel)
 
 
+# signature -> the launch bound to it (course_lib._launch.bind): everything but the addresses
+_BOUND: dict = {}
+
+
 def forward_portable(q, k, v, causal, sm_scale, out=None):
-    """The portable kernel's launcher: (o, lse) of validated inputs (``out``: preallocated)."""
+    """The portable kernel's launcher: (o, lse) of validated inputs (``out``: preallocated).
+
+    A call whose shapes, strides, dtype, device, ``causal`` and ``sm_scale`` equal an earlier
+    call's repeats that call's bound launch with the new addresses: the config lookup and the
+    launch key are skipped (lesson 12, section 8, measures the host time this saves)."""
     B, H, N_Q, D = q.shape
     H_KV, N_K = k.shape[1], k.shape[2]
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     o, lse = allocate_outputs(q, out)
+    sq, sk, sv, so = q.stride(), k.stride(), v.stride(), o.stride()
+    if not INTERPRET:
+        sig = (q.shape, k.shape, sq, sk, sv, so, q.dtype, causal, sm_scale, q.get_device())
+        again = _BOUND.get(sig)
+        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
+        if (again is not None and not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15
+                and not hooks_installed()):
+            again(*ptrs)
+            return o, lse
     args = (q, k, v, o, lse,
-            q.stride(0), q.stride(1), q.stride(2),
-            k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
-            o.stride(0), o.stride(1), o.stride(2),
-            sm_scale * LOG2E, H, H // H_KV, N_Q, N_K, triton.next_power_of_2(max(N_Q, N_K)))
+            sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[1], so[2],
+            sm_scale * LOG2E, H, H // H_KV, N_Q, N_K, next_pow2(max(N_Q, N_K)))
     meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype)}
-    launch(_flash_fwd_v2_kernel, _portable_tuned, PORTABLE_CONFIGS, keep_config_for_head_dim,
-           lambda bm: (triton.cdiv(N_Q, bm), B * H), args, meta, args[-1])
+    again = launch(_flash_fwd_v2_kernel, _portable_tuned, PORTABLE_CONFIGS,
+                   keep_config_for_head_dim, lambda bm: (cdiv(N_Q, bm), B * H), args, meta,
+                   args[-1], bind_free=5)
+    if again is not None and not any(a.data_ptr() & 15 for a in args[:5]):
+        if len(_BOUND) >= 1024:  # many shapes (a growing cache): start over
+            _BOUND.clear()
+        _BOUND[sig] = again
     return o, lse

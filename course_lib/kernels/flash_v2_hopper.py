@@ -55,8 +55,10 @@ from course_lib.kernels.attention_common import (
     _q_block_program,
     _softmax_scores,
     allocate_outputs,
+    cdiv,
     dot_precision,
     launch,
+    next_pow2,
 )
 from course_lib.reference import LOG2E
 
@@ -330,9 +332,9 @@ def forward_hopper(q, k, v, causal, sm_scale, out=None):
     descs = [_descriptor(t, 16) for t in (q, k, v, o)]
     named = dict(zip(("desc_q", "desc_k", "desc_v", "desc_o"), descs), HEAD_DIM=D)
     args = (*descs, lse, sm_scale * LOG2E, 1.0, H, H // H_KV, N_Q, N_K,
-            triton.next_power_of_2(max(N_Q, N_K)))
+            next_pow2(max(N_Q, N_K)))
     meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype)}
     launch(_flash_fwd_v2_hopper_kernel, _hopper_tuned, HOPPER_CONFIGS, keep_hopper_config,
-           lambda bm: (triton.cdiv(N_Q, bm), B * H), args, meta, args[-1],
+           lambda bm: (cdiv(N_Q, bm), B * H), args, meta, args[-1],
            prepare=lambda blocks: _set_block_shapes({**named, **blocks}))
     return o, lse

@@ -4,7 +4,8 @@ Introduced in notebooks/12_flash_decoding.ipynb (``flash_decode``, and the secti
 overhead: ``plan_decode``) and notebooks/13_paged_attention.ipynb (``paged_decode``). The
 kernels and their launch plan are in ``course_lib.kernels.decode``.
 
-Three ways to call the same two kernels:
+Three ways to call the same kernels (the split kernel, which also merges the splits when
+called eagerly, and the merge kernel used inside CUDA-graph captures: ``kernels.decode.MERGES``):
 
 * ``flash_decode(q, k_cache, v_cache, cache_seqlens)`` and ``paged_decode(...)``: the functions
   (the names and arguments of FlashAttention's ``flash_attn_with_kvcache``). The checks they
@@ -21,7 +22,9 @@ Three ways to call the same two kernels:
 * ``plan = plan_decode(q, k_cache, v_cache)``, then ``plan.run(q, k_cache, v_cache,
   cache_seqlens)`` at every step, in the manner of FlashInfer's ``plan()``/``run()``: the plan
   checks the inputs once and fixes the split count, the launch config and every buffer; ``run``
-  only launches the two kernels into the plan's buffers, which is what a CUDA graph captures.
+  only launches into the plan's buffers, which is what a CUDA graph captures. From the second
+  step on, a step with the same cache tensors repeats the launches bound by the first
+  (``course_lib._launch.bind``): one call into Triton's C launcher per kernel.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ import collections
 
 import torch
 
+from course_lib._launch import hooks_installed
 from course_lib.kernels import decode as kd
 from course_lib.validate import (
     check_attention_inputs,
@@ -169,19 +173,39 @@ def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_spl
     H_kv = k.shape[2] if paged else k.shape[1]
 
     def make():
+        # a plan made for one call knows whether it is being captured (no counters to zero)
+        merge = "auto" if reuse else "kernel" if kd.capturing() else "fused"
         return kd.make_plan(B, H, H_kv, N_q, D, n_max, q.device, num_splits=num_splits,
-                            config=cfg, paged=paged, page_size=page_size, num_blocks=num_blocks)
+                            config=cfg, paged=paged, page_size=page_size, num_blocks=num_blocks,
+                            merge=merge)
 
-    if reuse:
-        key = (B, H, H_kv, N_q, D, n_max, paged, page_size, num_blocks, num_splits,
-               None if cfg is None else tuple(sorted(cfg.items())), q.device,
-               _stream_id(q.device))
-        plan = _cached_plan(key, make)
-    else:
-        plan = make()
     out = kd._empty((B, H, N_q, D), device=q.device, dtype=q.dtype)
     lse = kd._empty((B, H, N_q), device=q.device, dtype=torch.float32)
-    kd.run_plan(plan, q, k, v, seqlens, block_table, sm_scale, out, lse)
+    if not reuse:
+        kd.run_plan(make(), q, k, v, seqlens, block_table, sm_scale, out, lse)
+        return out, lse
+    key = (B, H, H_kv, N_q, D, n_max, paged, page_size, num_blocks, num_splits,
+           None if cfg is None else tuple(sorted(cfg.items())), q.device, _stream_id(q.device))
+    plan = _cached_plan(key, make)
+    # The launch bound by the last call with this plan is repeated when everything but the
+    # addresses is as it was: dtype, scale, strides (what the compiled kernel and its integer
+    # arguments depend on), every address 16-byte aligned, no profiler hooks, no capture.
+    sig = (q.dtype, sm_scale, q.stride(), k.stride(), v.stride(), seqlens is None,
+           None if block_table is None else block_table.stride(0))
+    bound = plan.bound
+    has_lens, has_table = seqlens is not None, block_table is not None
+    ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), seqlens.data_ptr() if has_lens else 0,
+            block_table.data_ptr() if has_table else 0, out.data_ptr(), lse.data_ptr())
+    if (bound is not None and bound[0] == sig and not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]
+                                                       | ptrs[4] | ptrs[5] | ptrs[6]) & 15
+            and not hooks_installed() and not kd.capturing()):
+        bound[1](ptrs[0], ptrs[1], ptrs[2], ptrs[3] if has_lens else ptrs[0],
+                 ptrs[4] if has_table else ptrs[0], ptrs[5], ptrs[6])
+        return out, lse
+    bind = not kd.capturing()
+    launches = kd.run_plan(plan, q, k, v, seqlens, block_table, sm_scale, out, lse, bind=bind)
+    if bind and launches is not None and len(launches) == 1:
+        plan.bound = (sig, launches[0])
     return out, lse
 
 
@@ -317,7 +341,7 @@ def _(q, k_pages, v_pages, block_table, cache_seqlens, num_splits, sm_scale, con
 # ---------------------------------------------------------------------------------------------
 
 class DecodePlan:
-    """A decode step planned once per batch shape; ``run`` then only launches two kernels.
+    """A decode step planned once per batch shape; ``run`` then only launches the kernels.
 
     Made by ``plan_decode``. It holds the split count, the launch config and its buffers: the
     splits' partial outputs and lses, and the output ``out`` (B, H, N_q, D) with its ``lse``.
@@ -328,7 +352,7 @@ class DecodePlan:
     """
 
     def __init__(self, q, k_cache, v_cache, *, block_table=None, num_splits=None,
-                 sm_scale=None, config=None):
+                 sm_scale=None, config=None, merge="auto"):
         self.paged = block_table is not None
         if self.paged:
             B, H, H_kv, N_q, D, num_blocks, page_size, max_blocks = _check_pages(
@@ -344,10 +368,13 @@ class DecodePlan:
         self.dtype, self.device = q.dtype, q.device
         self.plan = kd.make_plan(B, H, H_kv, N_q, D, n_max, q.device, num_splits=num_splits,
                                  config=cfg, paged=self.paged, page_size=page_size,
-                                 num_blocks=num_blocks)
+                                 num_blocks=num_blocks, merge=merge)
         self.num_splits = self.plan.num_splits
         self.out = kd._empty((B, H, N_q, D), device=q.device, dtype=q.dtype)
         self.lse = kd._empty((B, H, N_q), device=q.device, dtype=torch.float32)
+        self._q_stride, self._device_index = tuple(q.stride()), q.get_device()
+        self._out_ptrs = (self.out.data_ptr(), self.lse.data_ptr())
+        self._bound = None  # (k_cache, v_cache, cache_seqlens, block_table, launches)
 
     def run(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, return_lse=False):
         """One decode step into the plan's buffers: returns ``self.out`` (and ``self.lse``).
@@ -361,24 +388,47 @@ class DecodePlan:
                              f"k_cache {tuple(k_cache.shape)}: make a new plan")
         if self.paged and (block_table is None or cache_seqlens is None):
             raise ValueError("a paged plan's run needs block_table and cache_seqlens")
-        kd.run_plan(self.plan, q, k_cache, v_cache, cache_seqlens, block_table, self.sm_scale,
-                    self.out, self.lse)
+        bound = self._bound
+        # The launches bound by the last step are repeated when only q's contents and address
+        # changed: the same cache, lengths and block-table tensors, q with the planned strides,
+        # device and 16-byte alignment (what the compiled kernels are specialised on), no
+        # profiler hooks and no CUDA-graph capture. A step is then one call into Triton's C
+        # launcher per kernel: no key, no Triton binding (lesson 12, section 8).
+        if (bound is not None and bound[0] is k_cache and bound[1] is v_cache
+                and bound[2] is cache_seqlens and bound[3] is block_table
+                and q.stride() == self._q_stride and q.get_device() == self._device_index
+                and not q.data_ptr() & 15 and not hooks_installed() and not kd.capturing()):
+            p = q.data_ptr()
+            bound[4][0](p, k_cache.data_ptr(), v_cache.data_ptr(),
+                        p if cache_seqlens is None else cache_seqlens.data_ptr(),
+                        p if block_table is None else block_table.data_ptr(),
+                        self._out_ptrs[0], self._out_ptrs[1])
+            for merge in bound[4][1:]:
+                merge()
+        else:
+            bind = not kd.capturing()
+            launches = kd.run_plan(self.plan, q, k_cache, v_cache, cache_seqlens, block_table,
+                                   self.sm_scale, self.out, self.lse, bind=bind)
+            self._bound = (None if not bind or launches is None else
+                           (k_cache, v_cache, cache_seqlens, block_table, launches))
         return (self.out, self.lse) if return_lse else self.out
 
 
 def plan_decode(q, k_cache, v_cache, *, block_table=None, num_splits=None, sm_scale=None,
-                config=None) -> DecodePlan:
+                config=None, merge="auto") -> DecodePlan:
     """Plan decode steps shaped like these tensors (see ``DecodePlan``).
 
     The arguments are those of ``flash_decode`` (or, with ``block_table``, of ``paged_decode``,
     k_cache and v_cache then being the pages); only their shapes, dtypes and device are used.
+    ``merge`` ("auto", "fused" or "kernel"): how the splits are merged
+    (``course_lib.kernels.decode.MERGES``).
 
         plan = plan_decode(q, k_cache, v_cache)        # once per batch shape
-        for step in range(n_steps):                      # then every step: two launches
+        for step in range(n_steps):                      # then every step: only launches
             o = plan.run(q, k_cache, v_cache, cache_seqlens)
     """
     return DecodePlan(q, k_cache, v_cache, block_table=block_table, num_splits=num_splits,
-                      sm_scale=sm_scale, config=config)
+                      sm_scale=sm_scale, config=config, merge=merge)
 
 
 __all__ = ["DecodePlan", "check_cache_seqlens", "flash_decode", "paged_decode", "plan_decode"]

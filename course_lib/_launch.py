@@ -18,8 +18,8 @@ function that makes just that one call into the C launcher. Positional arguments
 kernel's runtime parameters, constexprs keyword arguments. The key holds everything
 Triton's specialization depends on, conservatively: the kernel, the device, every tensor's dtype,
 device and 16-byte alignment (a TMA descriptor's too, with its shape, strides and block shape),
-every other argument's value (integers by value, so a new stride or
-length takes the slow path once), and the keyword arguments (constexprs, num_warps, num_stages).
+every integer's specialization class (equal to 1, a multiple of 16, 32-bit or not), every
+other argument's value, and the keyword arguments (constexprs, num_warps, num_stages).
 The fast path is skipped, and Triton does everything, in the interpreter, when a launch hook is
 installed (a profiler), when the grid is a callable, and with a Triton version whose launcher
 interface has not been checked on a GPU against the slow path (``TESTED_TRITON``: the launcher's
@@ -60,7 +60,9 @@ def _specialization(args) -> list:
     # A list comprehension, the cheapest loop Python has (this runs on every launch), that
     # tests ``type(a) is int`` first: ``isinstance(a, torch.Tensor)`` goes through the tensor
     # metaclass's __instancecheck__ and costs several times more.
-    return [a if type(a) is int else
+    # An integer counts by the classes Triton specializes it on (equal to 1, a multiple of 16,
+    # 32 or 64 bits), not by its value: a cache that grows by a token keeps its key.
+    return [(a == 1, not a & 15, -0x80000000 <= a <= 0x7FFFFFFF) if type(a) is int else
             (a.dtype, a.get_device(), not a.data_ptr() & 15) if isinstance(a, torch.Tensor)
             else (float if type(a) is float else
                   _descriptor_key(a) if isinstance(a, TensorDescriptor) else a) for a in args]

@@ -373,3 +373,17 @@ def test_bound_plan_steps_equal_tritons_own_launch(merge, monkeypatch):
     slow_plan = ops.plan_decode(q, k, v, merge=merge)
     for qi, g in zip([*qs, qs[1]], got):
         torch.testing.assert_close(g, slow_plan.run(qi, k, v, lens), rtol=0, atol=0)
+
+
+def test_launch_key_counts_integers_by_their_specialization_class():
+    """course_lib._launch keys an integer as Triton specializes it (1, a multiple of 16, 32 or
+    64 bits), so a decode cache that grows by one token reuses the compiled launch."""
+    from course_lib._launch import _specialization
+
+    def key(*a):
+        return _specialization(list(a))
+
+    assert key(2048) == key(4096) and key(2049) == key(2051)
+    assert key(1) != key(17) and key(16) != key(17) and key(1) != key(2)
+    assert key(2 ** 31 - 16) != key(2 ** 31) and key(-16) == key(32)
+    assert key(True) != key(1) and key(0.5) == key(2.5)

@@ -64,16 +64,21 @@ def _sdpa_decode_fns(q, k, v):
             "gqa": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)}
 
 
+def _decode_inputs(B: int, N: int):
+    """q (B, H, 1, D), full caches (B, H_kv, N, D) fp16 and lengths N, seeded by the shape."""
+    g = torch.Generator(device="cuda").manual_seed(B * 7 + N)
+    q = torch.randn(B, H, 1, D, device="cuda", dtype=torch.float16, generator=g)
+    k = torch.randn(B, H_KV, N, D, device="cuda", dtype=torch.float16, generator=g)
+    v = torch.randn(B, H_KV, N, D, device="cuda", dtype=torch.float16, generator=g)
+    return q, k, v, torch.full((B,), N, dtype=torch.int32, device="cuda")
+
+
 def decode_rows(shapes=DECODE_SHAPES) -> list[dict]:
     from course_lib.ops import flash_decode, plan_decode
 
     rows = []
     for B, N in shapes:
-        g = torch.Generator(device="cuda").manual_seed(B * 7 + N)
-        q = torch.randn(B, H, 1, D, device="cuda", dtype=torch.float16, generator=g)
-        k = torch.randn(B, H_KV, N, D, device="cuda", dtype=torch.float16, generator=g)
-        v = torch.randn(B, H_KV, N, D, device="cuda", dtype=torch.float16, generator=g)
-        lens = torch.full((B,), N, dtype=torch.int32, device="cuda")
+        q, k, v, lens = _decode_inputs(B, N)
         plan = plan_decode(q, k, v)
         fns = {
             "ours_default": lambda: flash_decode(q, k, v, lens),
@@ -178,11 +183,7 @@ def sweep_rows(shapes=DECODE_SHAPES, configs=None, rep_ms: float = 150,
     merges = kd.MERGES if merges is None else merges
     rows = []
     for B, N in shapes:
-        g = torch.Generator(device="cuda").manual_seed(B * 7 + N)
-        q = torch.randn(B, H, 1, D, device="cuda", dtype=torch.float16, generator=g)
-        k = torch.randn(B, H_KV, N, D, device="cuda", dtype=torch.float16, generator=g)
-        v = torch.randn(B, H_KV, N, D, device="cuda", dtype=torch.float16, generator=g)
-        lens = torch.full((B,), N, dtype=torch.int32, device="cuda")
+        q, k, v, lens = _decode_inputs(B, N)
         out = torch.empty_like(q)
         lse = torch.empty(B, H, 1, device="cuda")
         ref = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)

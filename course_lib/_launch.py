@@ -101,6 +101,11 @@ def hooks_installed() -> bool:
                 or getattr(leave, "calls", leave is not None))
 
 
+def _grid3(grid) -> tuple:
+    g = tuple(grid) + (1, 1)
+    return g[0], g[1], g[2]
+
+
 class _Entry:
     """A compiled kernel and how to call its launcher: Triton's C function directly when the
     kernel needs no scratch memory (the Python wrapper around it then only adds time)."""
@@ -119,20 +124,19 @@ class _Entry:
 
     def __call__(self, grid, stream, args):
         c = self.compiled
-        g = tuple(grid) + (1, 1)
+        gx, gy, gz = _grid3(grid)
         if self.direct is not None:
-            self.direct(g[0], g[1], g[2], stream, c.function, *self.extra, c.packed_metadata,
+            self.direct(gx, gy, gz, stream, c.function, *self.extra, c.packed_metadata,
                         None, None, None, *_pointers(args), *self.tail)
         else:
-            c.run(g[0], g[1], g[2], stream, c.function, c.packed_metadata, None, None, None,
+            c.run(gx, gy, gz, stream, c.function, c.packed_metadata, None, None, None,
                   *_pointers(args), *self.tail)
 
 
-def launch(kernel, grid, *args, **kwargs):
-    """``kernel[grid](*args, **kwargs)``, with Triton's per-call host work done once per key."""
+def _launch(kernel, grid, args, kwargs):
+    """Launch through the cache: (the compiled kernel, its cache entry, or None where this
+    Triton's compiled kernels launch differently)."""
     global FAST, SLOW_LAUNCHES
-    if not FAST or callable(grid):
-        return kernel[grid](*args, **kwargs)
     driver = _driver.active
     device = driver.get_current_device()
     key = (kernel, device, *_specialization(args), *kwargs.items())
@@ -142,13 +146,20 @@ def launch(kernel, grid, *args, **kwargs):
         compiled = kernel[grid](*args, **kwargs)
         if not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
             FAST = False  # a Triton whose compiled kernels launch differently: always the slow path
-            return compiled
-        _CACHE[key] = _Entry(compiled, _tail(kernel, len(args), kwargs))
+            return compiled, None
+        entry = _CACHE[key] = _Entry(compiled, _tail(kernel, len(args), kwargs))
         if len(_CACHE) > _MAX_ENTRIES:
             _CACHE.popitem(last=False)
-        return compiled
+        return compiled, entry
     entry(grid, driver.get_current_stream(device), args)
-    return entry.compiled
+    return entry.compiled, entry
+
+
+def launch(kernel, grid, *args, **kwargs):
+    """``kernel[grid](*args, **kwargs)``, with Triton's per-call host work done once per key."""
+    if not FAST or callable(grid):
+        return kernel[grid](*args, **kwargs)
+    return _launch(kernel, grid, args, kwargs)[0]
 
 
 def bind(n_free: int, kernel, grid, *args, **kwargs):
@@ -162,20 +173,17 @@ def bind(n_free: int, kernel, grid, *args, **kwargs):
     compiled kernel is specialised on), and that no profiler hooks are installed
     (``hooks_installed``). Returns None where the fast path is off.
     """
-    launch(kernel, grid, *args, **kwargs)
-    if not FAST or callable(grid) or hooks_installed():
+    if not FAST or callable(grid):
+        kernel[grid](*args, **kwargs)
         return None
-    driver = _driver.active
-    device = driver.get_current_device()
-    entry = _CACHE.get((kernel, device, *_specialization(args), *kwargs.items()))
-    if entry is None or entry.direct is None:
+    _, entry = _launch(kernel, grid, args, kwargs)
+    if entry is None or entry.direct is None or hooks_installed():
         return None
-    g = tuple(grid) + (1, 1)
-    gx, gy, gz = g[0], g[1], g[2]
+    gx, gy, gz = _grid3(grid)
     direct, function, packed = entry.direct, entry.compiled.function, entry.compiled.packed_metadata
     coop, pdl, scratch, profile = entry.extra
     fixed = (*_pointers(args[n_free:]), *entry.tail)
-    get_stream = driver.get_current_stream
+    get_stream, device = _driver.active.get_current_stream, _driver.active.get_current_device()
 
     def again(*addresses):
         direct(gx, gy, gz, get_stream(device), function, coop, pdl, scratch, profile, packed,

@@ -387,3 +387,56 @@ def test_launch_key_counts_integers_by_their_specialization_class():
     assert key(1) != key(17) and key(16) != key(17) and key(1) != key(2)
     assert key(2 ** 31 - 16) != key(2 ** 31) and key(-16) == key(32)
     assert key(True) != key(1) and key(0.5) == key(2.5)
+
+
+def test_fast_launch_plumbing_with_a_stand_in_for_triton(monkeypatch):
+    """course_lib._launch's cache, key classes and bound launches, on any machine: a stand-in
+    kernel and launcher record what the fast path hands Triton's C launcher (the GPU test
+    above checks the same path against Triton's own launch)."""
+    import collections
+    import inspect
+    import types
+
+    from course_lib import _launch
+
+    calls = []
+
+    class Launcher:  # Triton 3.6's CudaLauncher: its C function and flags
+        global_scratch_size = profile_scratch_size = 0
+        launch_cooperative_grid = launch_pdl = False
+
+        def launch(self, *a):
+            calls.append(("fast", a))
+
+    compiled = types.SimpleNamespace(function=7, packed_metadata=(4, 1, 0), run=Launcher())
+
+    class Kernel:
+        params = [types.SimpleNamespace(name=n, default=d) for n, d in
+                  (("X", inspect.Parameter.empty), ("n", inspect.Parameter.empty),
+                   ("BLOCK", inspect.Parameter.empty), ("FLAG", True))]
+
+        def __getitem__(self, grid):
+            def run(*a, **kw):
+                calls.append(("slow", grid, a, kw))
+                return compiled
+            return run
+
+    driver = types.SimpleNamespace(get_current_device=lambda: 0,
+                                   get_current_stream=lambda device: 99)
+    monkeypatch.setattr(_launch, "FAST", True)
+    monkeypatch.setattr(_launch, "_driver", types.SimpleNamespace(active=driver))
+    monkeypatch.setattr(_launch, "_CACHE", collections.OrderedDict())
+    kernel, x, y = Kernel(), torch.zeros(4), torch.zeros(4)
+    head = (99, 7, False, False, None, None, (4, 1, 0), None, None, None)
+
+    _launch.launch(kernel, (2,), x, 2048, BLOCK=16)
+    assert calls[-1][0] == "slow"  # a new key: Triton launches (and compiles)
+    _launch.launch(kernel, (2,), y, 4096, BLOCK=16)  # another multiple of 16: same key
+    assert calls[-1] == ("fast", (2, 1, 1, *head, y.data_ptr(), 4096, 16, True))
+    _launch.launch(kernel, (2,), x, 17, BLOCK=16)  # not a multiple of 16: a new key
+    assert calls[-1][0] == "slow"
+    again = _launch.bind(1, kernel, (3, 2), x, 2048, BLOCK=16)
+    assert calls[-1] == ("fast", (3, 2, 1, *head, x.data_ptr(), 2048, 16, True))
+    again(y.data_ptr())  # the bound launch: only the free address changes
+    assert calls[-1] == ("fast", (3, 2, 1, *head, y.data_ptr(), 2048, 16, True))
+    assert sum(c[0] == "slow" for c in calls) == 2

@@ -53,9 +53,9 @@ and ``time_decode`` below): prefill of 8192 tokens 54.1 ms with the course kerne
 course kernels and 9.7–11.2 ms with SDPA, about the same at 512 and at 8192 tokens of context:
 bound by the host's work per token (launches, Python, the cache's copies) more than by the GPU's
 attention. Compiled, with a static cache and the decode step as a CUDA graph (``time_compiled``;
-course_lib/data/capstone_compiled.json, an H200, both sides in one run), a token takes a fifth to a
-quarter of its eager time on both sides, ours on par with SDPA's; our prefill stays slower
-(notebooks/14_llama_capstone.ipynb, section 7, gives the numbers).
+course_lib/data/capstone_compiled.json, an H200, both sides in one run), a token takes a sixth
+to a quarter of its eager time on both sides, ours a little faster than SDPA's; our prefill
+stays slower (notebooks/14_llama_capstone.ipynb, section 7, gives the numbers).
 """
 from __future__ import annotations
 

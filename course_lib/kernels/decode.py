@@ -65,7 +65,7 @@ import triton.language as tl
 from course_lib._device import INTERPRET
 from course_lib._launch import bind as bind_launch
 from course_lib._launch import launch
-from course_lib.kernels.attention_common import cdiv, next_pow2
+from course_lib.kernels.attention_common import _tile_mask, cdiv, next_pow2
 from course_lib.reference import LOG2E
 
 MAX_SPLITS = 256
@@ -142,7 +142,9 @@ def _decode_split_kernel(
     qi = offs_r % N_Q  # query token of each row
     # tl.arange needs a power of two: D = 80 runs as 128 columns, the 48 past D masked (0)
     HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = offs_d[None, :] < HEAD_DIM
     # Causal, bottom-right aligned: query i sees keys n <= seqlen - N_Q + i.
     last_key = seqlen - N_Q + qi  # (BLOCK_M,)
 
@@ -153,10 +155,7 @@ def _decode_split_kernel(
 
     q_ptrs = (Q + b.to(tl.int64) * stride_qb + head[:, None] * stride_qh
               + qi[:, None] * stride_qm + offs_d[None, :])
-    if HEAD_DIM_PAD != HEAD_DIM:
-        row_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-    else:
-        row_mask = row_ok[:, None]
+    row_mask = _tile_mask(row_ok[:, None], d_ok, PAD_D)
     q = tl.load(q_ptrs, mask=row_mask, other=0.0)  # (BLOCK_M, HEAD_DIM_PAD)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -184,10 +183,7 @@ def _decode_split_kernel(
         else:
             k_rows = offs_n.to(tl.int64) * stride_kn
             v_rows = offs_n.to(tl.int64) * stride_vn
-        if HEAD_DIM_PAD != HEAD_DIM:
-            kv_mask = n_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-        else:
-            kv_mask = n_ok[:, None]
+        kv_mask = _tile_mask(n_ok[:, None], d_ok, PAD_D)
         k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
 
@@ -248,6 +244,7 @@ def _merge_row(O_PART, LSE_PART, row, out_ptr, LSE_OUT, NUM_SPLITS: tl.constexpr
     """Merge the NUM_SPLITS partial results of query row ``row`` into ``out_ptr`` (HEAD_DIM
     values) and ``LSE_OUT[row]``."""
     HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)  # columns past D masked
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     # pass 1: the largest lse_s (empty splits hold -inf)
     offs_s = tl.arange(0, BLOCK_S)
@@ -264,10 +261,7 @@ def _merge_row(O_PART, LSE_PART, row, out_ptr, LSE_OUT, NUM_SPLITS: tl.constexpr
                         other=float("-inf"))  # (CHUNK,)
         used = lse_s > float("-inf")
         w = tl.where(used, tl.exp(lse_s - lse_max), 0.0)
-        if HEAD_DIM_PAD != HEAD_DIM:
-            o_mask = (offs_c < NUM_SPLITS)[:, None] & (offs_d[None, :] < HEAD_DIM)
-        else:
-            o_mask = (offs_c < NUM_SPLITS)[:, None]
+        o_mask = _tile_mask((offs_c < NUM_SPLITS)[:, None], offs_d[None, :] < HEAD_DIM, PAD_D)
         o_s = tl.load(O_PART + (row * NUM_SPLITS + offs_c)[:, None] * HEAD_DIM + offs_d[None, :],
                       mask=o_mask, other=0.0)  # (CHUNK, HEAD_DIM_PAD), loaded with the lses
         o_s = tl.where(used[:, None], o_s, 0.0)  # an empty split weighs nothing, whatever it holds
@@ -277,7 +271,7 @@ def _merge_row(O_PART, LSE_PART, row, out_ptr, LSE_OUT, NUM_SPLITS: tl.constexpr
     total_safe = tl.where(total > 0.0, total, 1.0)
     o = acc / total_safe  # (HEAD_DIM_PAD,)
     lse = tl.where(total > 0.0, lse_max + tl.log(total_safe), float("-inf"))
-    if HEAD_DIM_PAD != HEAD_DIM:
+    if PAD_D:
         tl.store(out_ptr + offs_d, o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
     else:
         tl.store(out_ptr + offs_d, o.to(out_ptr.dtype.element_ty))

@@ -68,6 +68,12 @@ def _specialization(args) -> list:
                   _descriptor_key(a) if isinstance(a, TensorDescriptor) else a) for a in args]
 
 
+def int_classes(values) -> tuple:
+    """The specialization classes of integers (as ``launch`` keys them): a bound launch may take
+    a new integer in place of an old one when the two have the same class."""
+    return tuple((a == 1, not a & 15, -0x80000000 <= a <= 0x7FFFFFFF) for a in values)
+
+
 def _pointers(args) -> list:
     # A tensor goes to the compiled launcher as its address, a Python int: the launcher then
     # skips the ``data_ptr()`` call and the driver query (cuPointerGetAttribute) it makes for
@@ -162,16 +168,21 @@ def launch(kernel, grid, *args, **kwargs):
     return _launch(kernel, grid, args, kwargs)[0]
 
 
-def bind(n_free: int, kernel, grid, *args, **kwargs):
-    """Launch ``kernel[grid](*args, **kwargs)`` now, and return ``again(*addresses)``: the same
-    launch with the first ``n_free`` arguments replaced by ``addresses`` (ints), everything else
-    as now, on the then current stream. ``again`` skips even the key of ``launch``: a planned
-    decode step (``course_lib.ops.DecodePlan``) is then one call into Triton's C launcher.
+def bind(free, kernel, grid, *args, **kwargs):
+    """Launch ``kernel[grid](*args, **kwargs)`` now, and return ``again(*values)``: the same
+    launch with the free arguments replaced by ``values``, everything else as now, on the then
+    current stream. ``free`` is a number n (the first n arguments) or a tuple of positions; a
+    free tensor is given as its address (an int), a free integer as its new value. ``again``
+    skips even the key of ``launch``: a planned decode step (``course_lib.ops.DecodePlan``) is
+    then one call into Triton's C launcher. A free argument that is a TMA descriptor keeps its
+    shape, strides and block shape and moves to the new address: Triton's launcher encodes it
+    there (``_DescriptorAt``).
 
     ``again`` checks nothing. The caller makes sure that the tensors behind the new addresses
-    have the dtypes, devices, 16-byte alignment and strides of the ones bound now (what the
-    compiled kernel is specialised on), and that no profiler hooks are installed
-    (``hooks_installed``). Returns None where the fast path is off.
+    have the dtypes, devices and 16-byte alignment of the ones bound now, that every new
+    integer has its predecessor's specialization class (``int_classes``), and that the other
+    arguments would be the same (what the compiled kernel is specialised on), and that no
+    profiler hooks are installed (``hooks_installed``). Returns None where the fast path is off.
     """
     if not FAST or callable(grid):
         kernel[grid](*args, **kwargs)
@@ -182,11 +193,59 @@ def bind(n_free: int, kernel, grid, *args, **kwargs):
     gx, gy, gz = _grid3(grid)
     direct, function, packed = entry.direct, entry.compiled.function, entry.compiled.packed_metadata
     coop, pdl, scratch, profile = entry.extra
-    fixed = (*_pointers(args[n_free:]), *entry.tail)
     get_stream, device = _driver.active.get_current_stream, _driver.active.get_current_device()
+    if not isinstance(free, int):  # free positions anywhere: values spliced into a template
+        template, positions = [*_pointers(args), *entry.tail], tuple(free)
+        if any(isinstance(args[i], TensorDescriptor) for i in positions):
+            raise ValueError("bind: a TMA descriptor can be free only among the first n")
+
+        def again(*values):
+            a = template.copy()
+            for i, x in zip(positions, values):
+                a[i] = x
+            direct(gx, gy, gz, get_stream(device), function, coop, pdl, scratch, profile,
+                   packed, None, None, None, *a)
+        return again
+    n_free = free
+    fixed = (*_pointers(args[n_free:]), *entry.tail)
+    descs = [(i, a) for i, a in enumerate(args[:n_free]) if isinstance(a, TensorDescriptor)]
+    if descs:
+        def again(*addresses):
+            moved = list(addresses)
+            for i, d in descs:
+                moved[i] = _DescriptorAt(addresses[i], d)
+            direct(gx, gy, gz, get_stream(device), function, coop, pdl, scratch, profile, packed,
+                   None, None, None, *moved, *fixed)
+        return again
 
     def again(*addresses):
         direct(gx, gy, gz, get_stream(device), function, coop, pdl, scratch, profile, packed,
                None, None, None, *addresses, *fixed)
 
     return again
+
+
+class _Address:
+    """An address that answers ``data_ptr()``, as a tensor does."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+class _DescriptorAt:
+    """The TensorDescriptor ``like`` with its base moved to ``address``: what Triton's launcher
+    reads of a descriptor (the base's ``data_ptr()``, shape, strides, padding) when it encodes
+    the TMA descriptor of a launch, without building a new TensorDescriptor on the host."""
+
+    __slots__ = ("base", "shape", "strides", "block_shape", "padding", "round_f32_to_tf32")
+
+    def __init__(self, address: int, like: TensorDescriptor):
+        self.base = _Address(address)
+        self.shape, self.strides, self.block_shape = like.shape, like.strides, like.block_shape
+        self.padding = like.padding
+        self.round_f32_to_tf32 = getattr(like, "round_f32_to_tf32", False)

@@ -24,12 +24,13 @@ and routes every call to one of the course's kernels:
 
 The mask. transformers builds one mask per forward through ``ALL_MASK_ATTENTION_FUNCTIONS``
 under the same name; ``course_attention_mask`` returns ``None`` whenever the attention is plain
-causal over every key in the cache (no padding: the kernels' own masking is exact), and
-otherwise a 4D boolean mask (B, 1, N_q, N_k). The attention function accepts such a mask only
-when it is the causal mask over the first L_b keys of each sequence (a static cache that is not
-full yet); padding, packed sequences, sliding windows, or any other pattern raise
-``NotImplementedError``: the kernels cannot express them, and a silently wrong answer is worse
-than none. Dropout, soft-capping and attention sinks are refused the same way.
+causal over every key in the cache (no padding: the kernels' own masking is exact). Otherwise
+it draws the 4D boolean mask (B, 1, N_q, N_k) and checks it, once per forward: the causal mask
+over the first L_b keys of each sequence (a static cache that is not full yet) becomes the key
+counts L_b, (B, 1, 1, 1) int32, that every layer receives; padding, packed sequences, sliding
+windows, or any other pattern raise ``NotImplementedError``: the kernels cannot express them,
+and a silently wrong answer is worse than none. A 4D mask handed to the model directly is checked by
+the attention function the same way. Dropout, soft-capping and attention sinks are refused.
 
 torch.compile (which ``generate`` applies on a GPU with a static cache,
 ``cache_implementation="static"``) traces both functions: the kernels are ``torch.library``
@@ -52,10 +53,10 @@ and ``time_decode`` below): prefill of 8192 tokens 54.1 ms with the course kerne
 51.5 ms with SDPA (512 tokens: 10.5 and 10.1 ms); decode 11.3–12.0 ms per token with the
 course kernels and 9.7–11.2 ms with SDPA, about the same at 512 and at 8192 tokens of context:
 bound by the host's work per token (launches, Python, the cache's copies) more than by the GPU's
-attention. Compiled, with a static cache and the decode step as a CUDA graph (``time_compiled``;
-course_lib/data/capstone_compiled.json, an H200, both sides in one run), a token takes a sixth
-to a quarter of its eager time on both sides, ours a little faster than SDPA's; our prefill
-stays slower (notebooks/14_llama_capstone.ipynb, section 7, gives the numbers).
+attention. Compiled, with a static cache and the decode step as a CUDA graph (``time_compiled``,
+``time_compiled_prefills``; course_lib/data/capstone_compiled.json, both sides in one run), a
+token takes a fraction of its eager time on both sides; notebooks/14_llama_capstone.ipynb,
+section 7, gives the numbers, generated from that file.
 """
 from __future__ import annotations
 
@@ -87,16 +88,23 @@ CALLS: collections.Counter = collections.Counter()
 
 def course_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
                           mask_function=None, attention_mask=None, **kwargs):
-    """The mask transformers hands our attention: None for plain causal over the whole cache.
+    """The mask transformers hands our attention: None for plain causal over the whole cache,
+    else the keys in use per sequence, L_b as a (B, 1, 1, 1) int32 tensor (4D: transformers
+    passes a 4D mask on as prepared, as ``generate`` does with a static cache's).
 
     Called once per forward by ``create_causal_mask`` (and by the sliding-window and
-    bidirectional variants), and with a static cache once per step by ``generate``. None is
-    returned when the N_q queries are the last N_q of the kv_length keys, every key is real (no
-    padding) and the pattern is the standard causal one; anything else (a static cache, whose
-    keys past the tokens seen so far are empty; padding; another pattern) gets the 4D boolean
-    mask of ``sdpa_mask``, which ``course_attention_forward`` turns into key counts or refuses.
-    Eagerly, knowing that there is no padding reads the 2D mask back (one synchronisation per
-    forward, as transformers' SDPA path does); under ``torch.compile`` nothing is read back.
+    bidirectional variants), and with a static cache once per step by ``generate``; its result
+    goes to every layer. None is returned when the N_q queries are the last N_q of the
+    kv_length keys, every key is real (no padding) and the pattern is the standard causal one.
+    Anything else (a static cache, whose keys past the tokens seen so far are empty; padding;
+    packed sequences, which transformers cannot rule out inside a compiled graph; another
+    pattern) is drawn as ``sdpa_mask``'s 4D boolean mask and checked here, once per forward
+    (``_keys_in_use``): a causal mask over the first L_b keys of each sequence becomes L_b, any
+    other raises ``NotImplementedError`` (under ``torch.compile``, a device-side assertion).
+    This is the manner of transformers' own FlashAttention path, whose mask function hands the
+    attention a compact 2D padding mask instead of a 4D one. Eagerly, knowing that there is no
+    padding reads the 2D mask back (one synchronisation per forward, as transformers' SDPA path
+    does); under ``torch.compile`` nothing is read back.
     """
     from transformers.masking_utils import causal_mask_function
 
@@ -114,17 +122,19 @@ def course_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset
     kwargs.pop("allow_is_causal_skip", None)
     if mask_function is not None:
         kwargs["mask_function"] = mask_function
-    return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length,
+    mask = sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length,
                      q_offset=q_offset, kv_offset=kv_offset, attention_mask=attention_mask,
-                     allow_is_causal_skip=False, **kwargs)
+                     allow_is_causal_skip=False, **kwargs)  # (B, 1, N_q, N_k)
+    return _keys_in_use(mask, q_length, kv_length)[0]
 
 
 _NOT_CAUSAL_PREFIX = (
     "course_kernels supports causal attention without padding only: this attention mask has "
     "padded tokens, packed sequences or a sliding window. Use attn_implementation='sdpa' for "
     "such batches (or batch sequences of equal length).")
-# the last mask checked eagerly: (weak ref, version, L_b (B,), (min L_b, max L_b))
-_checked_mask: tuple = (None, -1, None, None)
+# the last mask checked eagerly: (weak ref, version, L_b (B,), (min L_b, max L_b)), and the
+# weak ref of that L_b, which course_attention_mask hands every layer
+_checked_mask: tuple = (None, -1, None, None, None)
 
 
 def _version(t: torch.Tensor):
@@ -133,8 +143,8 @@ def _version(t: torch.Tensor):
 
 
 def _keys_in_use(mask: torch.Tensor, n_q: int, n_k: int):
-    """(L_b (B,) int32, (min L_b, max L_b)) if ``mask`` is causal over the first L_b keys of each
-    sequence; else raise. Under ``torch.compile`` the range is None.
+    """(L_b (B, 1, 1, 1) int32, (min L_b, max L_b)) if ``mask`` is causal over the first L_b keys
+    of each sequence; else raise. Under ``torch.compile`` the range is None.
 
     mask (B or 1, 1 or H, N_q, N_k): boolean (True = attend) or additive float (0 = attend).
     The counts are computed on the device. Eagerly, the check that the mask has that pattern
@@ -159,12 +169,24 @@ def _keys_in_use(mask: torch.Tensor, n_q: int, n_k: int):
     ok = (allowed == expected[:, None]).all()
     if compiling:
         torch._assert_async(ok, _NOT_CAUSAL_PREFIX)
-        return lengths, None
+        return lengths.view(-1, 1, 1, 1), None
     ok, lo, hi = torch.stack([ok.to(torch.int32), lengths.min(), lengths.max()]).tolist()
     if not ok:
         raise NotImplementedError(_NOT_CAUSAL_PREFIX)
-    _checked_mask = (weakref.ref(mask), _version(mask), lengths, (lo, hi))
+    lengths = lengths.view(-1, 1, 1, 1)  # as course_attention_mask hands it to every layer
+    _checked_mask = (weakref.ref(mask), _version(mask), lengths, (lo, hi), weakref.ref(lengths))
     return lengths, (lo, hi)
+
+
+def _lengths_range(lengths: torch.Tensor):
+    """(min L_b, max L_b) of the key counts ``course_attention_mask`` made: known from its check
+    when eager (no second read back), None under ``torch.compile``."""
+    if torch.compiler.is_compiling():
+        return None
+    if _checked_mask[4] is not None and _checked_mask[4]() is lengths:
+        return _checked_mask[3]
+    lo, hi = torch.stack([lengths.min(), lengths.max()]).tolist()  # (a copy, say): read back
+    return lo, hi
 
 
 def course_attention_forward(module, query, key, value, attention_mask, scaling=None,
@@ -197,8 +219,11 @@ def course_attention_forward(module, query, key, value, attention_mask, scaling=
         if not causal:
             raise NotImplementedError("course_kernels: a mask on non-causal attention (padding) "
                                       "is not supported")
-        lengths, length_range = _keys_in_use(attention_mask, n_q, n_k)
-        lengths = lengths.expand(query.shape[0])  # (B,)
+        if attention_mask.dtype == torch.int32:  # L_b from course_attention_mask (checked)
+            lengths, length_range = attention_mask, _lengths_range(attention_mask)
+        else:  # a mask made elsewhere (a 4D mask passed to the model): checked here
+            lengths, length_range = _keys_in_use(attention_mask, n_q, n_k)
+        lengths = lengths.view(-1).expand(query.shape[0])  # (B,)
 
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     decode = (n_q <= DECODE_MAX_QUERIES and n_k > n_q and (causal or n_q == 1)
@@ -366,8 +391,50 @@ def time_decode(model, input_ids: torch.Tensor, new_tokens: int = 32, repeats: i
 
 
 @torch.inference_mode()
+def time_compiled_prefills(model, input_ids: torch.Tensor, implementations, pairs: int = 20,
+                           ) -> dict[str, float]:
+    """Median ms of a compiled prefill for each attention implementation, timed in alternation.
+
+    ``torch.compile(model, fullgraph=True, dynamic=False)`` is made once; each implementation
+    compiles its own graph on its first call (the guard on ``config._attn_implementation``
+    keeps both), then the implementations take turns, ``pairs`` times: A, B, A, B, ... A
+    compiled prefill of a short prompt is bound by the host's launches on both sides, and
+    whatever else the host does drifts over seconds; turns at the scale of one call put both
+    sides under the same drift."""
+    compiled = torch.compile(model, fullgraph=True, dynamic=False)
+    times = {impl: [] for impl in implementations}
+    with torch.inference_mode():
+        for r in range(pairs + 2):  # two rounds of warm-up: compile, then settle
+            for impl in implementations:
+                model.set_attn_implementation(impl)
+                _sync()
+                t0 = time.perf_counter()
+                compiled(input_ids, use_cache=False, logits_to_keep=1)
+                _sync()
+                if r >= 2:
+                    times[impl].append((time.perf_counter() - t0) * 1e3)
+    return {impl: _median(t) for impl, t in times.items()}
+
+
+def compiled_prefill_rows(model, prompt_lengths=(512, 2048), pairs: int = 20) -> list[dict]:
+    """The compiled prefill alone, the course's attention against SDPA, for each prompt length
+    (``time_compiled_prefills``: one compiled model, the two called in turn ``pairs`` times)."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    rows = []
+    for n in prompt_lengths:
+        ids = torch.randint(0, model.config.vocab_size, (1, n), generator=gen).to(model.device)
+        torch._dynamo.reset()
+        t = time_compiled_prefills(model, ids, (ATTN_IMPLEMENTATION, "sdpa"), pairs)
+        rows.append({"prompt": n, "batch": 1, "pairs": pairs,
+                     f"prefill_ms_compiled_{ATTN_IMPLEMENTATION}": t[ATTN_IMPLEMENTATION],
+                     "prefill_ms_compiled_sdpa": t["sdpa"]})
+        print(rows[-1], flush=True)
+    model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    return rows
+
+
 def time_compiled(model, input_ids: torch.Tensor, new_tokens: int = 32,
-                  repeats: int = 3) -> tuple[float, float]:
+                  repeats: int = 3, prefill: bool = True) -> tuple[float | None, float]:
     """(prefill ms, decode ms/token) the way models are deployed: ``torch.compile``.
 
     Prefill: ``torch.compile(model, fullgraph=True, dynamic=False)`` over the prompt (no cache
@@ -375,18 +442,22 @@ def time_compiled(model, input_ids: torch.Tensor, new_tokens: int = 32,
     whose decode step transformers compiles with ``fullgraph=True`` and, on a GPU,
     ``mode="reduce-overhead"`` (CUDA graphs); ms/token = (time of 1 + ``new_tokens`` tokens −
     time of 1 token) / ``new_tokens``, so the eager prefill inside ``generate`` cancels out.
-    Medians of ``repeats`` after warm-up runs that compile.
+    Medians of ``repeats`` after warm-up runs that compile. ``prefill=False``: the decode only
+    (``benchmark`` times compiled prefills by ``time_compiled_prefills``), (None, decode).
     """
-    compiled = torch.compile(model, fullgraph=True, dynamic=False)
-    times = []
-    for r in range(repeats + 2):  # two warm-ups: compile, then settle
-        _sync()
-        t0 = time.perf_counter()
-        compiled(input_ids, use_cache=False, logits_to_keep=1)
-        _sync()
-        if r >= 2:
-            times.append((time.perf_counter() - t0) * 1e3)
-    prefill = _median(times)
+    if prefill:
+        compiled = torch.compile(model, fullgraph=True, dynamic=False)
+        times = []
+        for r in range(repeats + 2):  # two warm-ups: compile, then settle
+            _sync()
+            t0 = time.perf_counter()
+            compiled(input_ids, use_cache=False, logits_to_keep=1)
+            _sync()
+            if r >= 2:
+                times.append((time.perf_counter() - t0) * 1e3)
+        prefill = _median(times)
+    else:
+        prefill = None
 
     config = static_compile_config()
 
@@ -407,12 +478,14 @@ def time_compiled(model, input_ids: torch.Tensor, new_tokens: int = 32,
 
 def benchmark(model, prompt_lengths=(512, 2048, 8192), batch: int = 1, new_tokens: int = 32,
               implementations=(ATTN_IMPLEMENTATION, "sdpa"), compiled: bool = False,
-              rounds: int = 2) -> list[dict]:
+              rounds: int = 2, pairs: int = 20) -> list[dict]:
     """Prefill ms and decode ms/token for each prompt length and attention implementation.
 
     One model, its attention switched by name, so the weights are the same for every row.
-    Eager (``time_prefill``, ``time_decode``); with ``compiled`` also ``time_compiled``
-    (columns ``prefill_ms_compiled_<impl>``, ``decode_ms_compiled_<impl>``). The
+    Eager (``time_prefill``, ``time_decode``); with ``compiled`` also the compiled prefill
+    (``time_compiled_prefills``: one call of each implementation in turn, ``pairs`` times,
+    medians) and the compiled decode (``time_compiled``), columns
+    ``prefill_ms_compiled_<impl>`` and ``decode_ms_compiled_<impl>``. Otherwise the
     implementations take turns, ``rounds`` times, and each number is the smallest of its
     rounds' medians: whatever else the machine does only ever adds time, and taking turns
     spreads it over both sides (one round of the stored runs once put SDPA's compiled decode
@@ -435,14 +508,18 @@ def benchmark(model, prompt_lengths=(512, 2048, 8192), batch: int = 1, new_token
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     for row in rows if compiled else []:
+        torch._dynamo.reset()
+        prefills = time_compiled_prefills(model, prompts[row["prompt"]], implementations, pairs)
+        for impl, value in prefills.items():
+            row[f"prefill_ms_compiled_{impl}"] = value
         for _ in range(rounds):
             for impl in implementations:
                 model.set_attn_implementation(impl)
                 torch._dynamo.reset()
-                times = time_compiled(model, prompts[row["prompt"]], new_tokens)
-                for key, value in zip((f"prefill_ms_compiled_{impl}",
-                                       f"decode_ms_compiled_{impl}"), times):
-                    row[key] = min(row.get(key, value), value)
+                _, value = time_compiled(model, prompts[row["prompt"]], new_tokens,
+                                         prefill=False)
+                key = f"decode_ms_compiled_{impl}"
+                row[key] = min(row.get(key, value), value)
         print(row, flush=True)
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
     return rows

@@ -10,7 +10,7 @@ slides/zh/) and the lessons (notebooks/) state in prose: from course_lib's model
 I/O counts) and from the GPU measurements stored in course_lib/data/*.json (and the ceilings
 in course_lib/data/perf_notes.md), never typed by hand. Each ``Fact`` says where it is quoted;
 ``check()`` fails when a README, deck or notebook no longer prints the number the data gives,
-and README.md's "Measured on an H100 and an H200" table is generated whole by ``readme_measured()``
+and README.md's "Measured" table is generated whole by ``readme_measured()``
 (tests/test_results.py). Every speed comparison here names its harness, and both of its sides
 were timed with it in the same run.
 """
@@ -789,6 +789,13 @@ def facts() -> dict[str, Fact]:
             f"data/dropin.json head_dims D {d}: SDPA FLASH ms / ours ms, causal and not")
         add(f"drop_d{d}_cudnn", _span([r["sdpa_cudnn_ms"] / r["ours_ms"] for r in rs]), "README",
             f"data/dropin.json head_dims D {d}: SDPA cuDNN ms / ours ms, causal and not")
+    disp = load_result("dispatch")["host"]
+    for key, col in (("direct", "flash_attn_fwd_direct_us"),
+                     ("library", "flash_attn_fwd_library_us"),
+                     ("custom_op", "flash_attn_fwd_custom_op_us"),
+                     ("sdpa_flash", "sdpa_flash_us")):
+        add(f"disp_{key}", f"{disp[col]:.0f} µs", "nb:12_flash_decoding",
+            f"data/dispatch.json host: {col}")
     cap = load_result("capstone_compiled")
     add("cap_gpu", cap["environment"]["gpu"].replace("NVIDIA ", ""), "README nb:14_llama_capstone",
         "data/capstone_compiled.json environment")
@@ -816,7 +823,7 @@ TURNS = "the smaller of 2 rounds, the implementations taking turns"
 
 
 def readme_measured(f: dict | None = None) -> str:
-    """README's "Measured on an H100 and an H200" section, from ``facts()`` and the JSON."""
+    """README's "Measured" section, from ``facts()`` and the JSON."""
     from course_lib.bench.common import load_result
 
     f = facts() if f is None else f
@@ -888,7 +895,8 @@ def readme_measured(f: dict | None = None) -> str:
          f"CUDNN_ATTENTION: D 80 {t('drop_d80_cudnn')}, D 96 {t('drop_d96_cudnn')}"),
         (f"LLaMA 1.24B on an {t('cap_gpu')}, course kernels / SDPA, prompt "
          f"{', '.join(str(p) for p in cap_prompts)}: compiled prefill",
-         "`torch.compile(fullgraph=True)`, median of 3; " + TURNS,
+         "`torch.compile(fullgraph=True)`, one compiled model, the implementations called in "
+         "turn 20 times, median",
          ", ".join(t(f"cap_compiled_prefill_{p}") for p in cap_prompts)),
         ("the same: compiled decode, per token",
          "static KV cache, decode step compiled with CUDA graphs (`mode=\"reduce-overhead\"`), "

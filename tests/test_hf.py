@@ -160,8 +160,29 @@ def test_mask_function_returns_none_for_plain_causal():
     assert hf.course_attention_mask(2, 4, 10, q_offset=6) is None
     padded = ones.clone()
     padded[0, :3] = False
-    mask = hf.course_attention_mask(2, 10, 10, attention_mask=padded)
-    assert mask is not None and mask.shape == (2, 1, 10, 10)
+    with pytest.raises(NotImplementedError, match="without padding"):
+        hf.course_attention_mask(2, 10, 10, attention_mask=padded)
+    # a static cache that is not full: 6 and 4 keys in use of 10, checked here once per forward;
+    # every layer then gets the key counts, (B, 1, 1, 1) int32, not a (B, 1, N_q, N_k) mask
+    used = torch.zeros(2, 10, dtype=torch.bool)
+    used[0, :6], used[1, :4] = True, True
+    lengths = hf.course_attention_mask(2, 1, 10, q_offset=5, attention_mask=used)
+    assert lengths.dtype == torch.int32 and lengths.view(-1).tolist() == [6, 4]
+    assert hf._lengths_range(lengths) == (4, 6)  # known from the check: no second read back
+
+
+def test_one_mask_check_per_forward(model, monkeypatch):
+    """A static cache's mask is checked once per forward, not once per layer."""
+    checks = []
+    real = hf._keys_in_use
+    monkeypatch.setattr(hf, "_keys_in_use", lambda *a: checks.append(1) or real(*a))
+    with torch.inference_mode():
+        ids = _ids(1, 9, seed=3)
+        model.generate(ids, attention_mask=torch.ones_like(ids),
+                       max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0,
+                       cache_implementation="static")
+    assert model.config.num_hidden_layers > 1
+    assert len(checks) == 3, f"{len(checks)} mask checks for 3 forwards"
 
 
 def test_padding_is_refused_with_a_clear_error(model):

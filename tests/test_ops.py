@@ -335,13 +335,45 @@ def test_fast_launch_equals_tritons_own_launch(monkeypatch):
     assert len(_launch._CACHE) == 2  # the split kernel again, for the misaligned q
     qf, kf, vf = _qkv(B=1, H=4, H_kv=2, N_q=70, N_k=70, D=64, dtype=torch.float16)
     attn_fast = [ops.flash_attn_v2(qf, kf, vf, causal=True, impl="portable") for _ in range(2)]
+    # a cache that grows by a token per call (new tensor, new strides): one plan, one bound
+    # launch given the new strides and length
+    growing = [torch.randn(1, 8, n, 128, device=q.device, dtype=q.dtype)
+               for n in (1001, 1002, 1003, 1017)]
+    q1 = q[:1]
+    grown = [ops.flash_decode(q1, kg, kg) for kg in growing]
+    launches = {id(p.bound[1]) for p in opd._PLANS.values() if p.B == 1}
+    assert len(launches) == 1, "the growing cache was bound more than once"
     monkeypatch.setattr(_launch, "FAST", False)
+    for kg, o in zip(growing, grown):
+        torch.testing.assert_close(o, ops.flash_decode(q1, kg, kg), rtol=0, atol=0)
     slow = ops.flash_decode(q, k, v, cache_seqlens=lens)
     for o in fast:
         torch.testing.assert_close(o, slow, rtol=0, atol=0)
     attn_slow = ops.flash_attn_v2(qf, kf, vf, causal=True, impl="portable")
     for o in attn_fast:
         torch.testing.assert_close(o, attn_slow, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not ON_GPU or "hopper" not in ops.IMPLS,
+                    reason="the Hopper kernel's bound launch runs on an sm_90 GPU only")
+@pytest.mark.parametrize("n", [300, 2048])  # a fixed config; the autotuner's pick
+def test_bound_hopper_launch_equals_tritons_own_launch(n, monkeypatch):
+    """forward_hopper repeats its bound launch (four TMA descriptors moved to new addresses)
+    for new tensors of the same shape: the same bits as Triton's own launch."""
+    from course_lib import _launch
+    from course_lib.kernels import flash_v2_hopper as fh
+
+    if not _launch.FAST:
+        pytest.skip(f"triton {__import__('triton').__version__} is not in TESTED_TRITON")
+    fh._BOUND.clear()
+    inputs = [_qkv(B=1, H=8, H_kv=2, N_q=n, N_k=n, D=64, dtype=torch.float16)
+              for _ in range(4)]
+    got = [ops.flash_attn_v2(*t, causal=True, impl="hopper") for t in inputs]
+    assert len(fh._BOUND) == 1
+    monkeypatch.setattr(_launch, "FAST", False)
+    for t, g in zip(inputs, got):
+        torch.testing.assert_close(g, ops.flash_attn_v2(*t, causal=True, impl="hopper"),
+                                   rtol=0, atol=0)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the fast launch path runs on a GPU only")
@@ -440,3 +472,20 @@ def test_fast_launch_plumbing_with_a_stand_in_for_triton(monkeypatch):
     again(y.data_ptr())  # the bound launch: only the free address changes
     assert calls[-1] == ("fast", (3, 2, 1, *head, y.data_ptr(), 2048, 16, True))
     assert sum(c[0] == "slow" for c in calls) == 2
+    again = _launch.bind((0, 1), kernel, (1,), x, 2048, BLOCK=16)  # free positions
+    again(y.data_ptr(), 4096)
+    assert calls[-1] == ("fast", (1, 1, 1, *head, y.data_ptr(), 4096, 16, True))
+    assert _launch.int_classes([2048, 4096, 17, 1]) == (
+        (False, True, True), (False, True, True), (False, False, True), (True, False, True))
+    # A TMA descriptor bound as a free argument moves to the new address, and keeps its shape,
+    # strides, block shape and padding: Triton's launcher encodes it from those.
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    desc = TensorDescriptor.from_tensor(x.view(1, 4), [1, 4])
+    again = _launch.bind(1, kernel, (1,), desc, 2048, BLOCK=16)
+    again(y.data_ptr())
+    moved = calls[-1][1][len(head) + 3]
+    assert calls[-1][1][len(head) + 4:] == (2048, 16, True)
+    assert moved.base.data_ptr() == y.data_ptr()
+    assert (list(moved.shape), list(moved.strides), list(moved.block_shape), moved.padding) == (
+        list(desc.shape), list(desc.strides), list(desc.block_shape), desc.padding)

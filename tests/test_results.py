@@ -1,7 +1,7 @@
 """Every published number is generated from course_lib/data/, and every comparison names its
 harness (course_lib.results).
 
-- README.md's "Measured on an H100 and an H200" table is exactly what ``readme_measured()``
+- README.md's "Measured" table is exactly what ``readme_measured()``
   makes of the stored JSON, and a changed measurement makes it stale (the test fails, not the
   reader);
 - every fact is quoted where it says: README, both languages of its decks, its lessons;

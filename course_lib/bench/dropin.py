@@ -1,6 +1,7 @@
 """Drop-in attention: host overhead, decode eager and under CUDA graphs, padded head dims.
 
     python -m course_lib.bench dropin [--out course_lib/data/dropin.json]
+    python -m course_lib.bench dropin --dispatch --out course_lib/data/dispatch.json
 
 Three measurements, each with one harness for both sides (course kernels and PyTorch SDPA):
 
@@ -241,14 +242,87 @@ def host_breakdown() -> dict:
     return out
 
 
+def dispatch_rows(rounds: int = 7) -> dict:
+    """Host µs per call of one operator registered two ways, paired: ``torch.library.Library``
+    (``torch.ops.course.*``, as the course registers them) against the ``custom_op`` decorator
+    over the same implementation (registered here as ``bench_dispatch::*``), and the
+    implementation called directly; SDPA at the same shape for scale. Inference mode, as a
+    compiled prefill runs. The variants take turns, ``rounds`` times; medians of the rounds."""
+    from course_lib.ops import attention as oa
+    from course_lib.ops import decode as od
+
+    lib = "bench_dispatch"
+    if not hasattr(torch.ops, lib) or not hasattr(getattr(torch.ops, lib), "flash_attn_fwd"):
+        def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                sm_scale: float, impl: str) -> tuple[torch.Tensor, torch.Tensor]:
+            return oa._flash_attn_fwd_op(q, k, v, causal, sm_scale, impl)
+
+        def dec(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                cache_seqlens: torch.Tensor | None, num_splits: int, sm_scale: float,
+                config: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+            return od._flash_decode_op(q, k_cache, v_cache, cache_seqlens, num_splits,
+                                       sm_scale, config)
+
+        torch.library.custom_op(f"{lib}::flash_attn_fwd", fwd, mutates_args=()) \
+            .register_fake(oa._flash_attn_fwd_fake)
+        torch.library.custom_op(f"{lib}::flash_decode", dec, mutates_args=()) \
+            .register_fake(od._fake_outputs)
+    ops = getattr(torch.ops, lib)
+    q = torch.randn(1, 4, 128, 64, device="cuda", dtype=torch.float16)
+    k = torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.float16)
+    v = torch.randn_like(k)
+    qd = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.float16)
+    kd = torch.randn(1, 8, 256, 128, device="cuda", dtype=torch.float16)
+    lens = torch.full((1,), 256, dtype=torch.int32, device="cuda")
+    fwd_args, dec_args = (q, k, v, True, 0.125, "auto"), (qd, kd, kd, lens, 0, 128 ** -0.5, [])
+    fns = {
+        "flash_attn_fwd_library_us": lambda: torch.ops.course.flash_attn_fwd(*fwd_args),
+        "flash_attn_fwd_custom_op_us": lambda: ops.flash_attn_fwd(*fwd_args),
+        "flash_attn_fwd_direct_us": lambda: oa._flash_attn_fwd_op(*fwd_args),
+        "flash_decode_library_us": lambda: torch.ops.course.flash_decode(*dec_args),
+        "flash_decode_custom_op_us": lambda: ops.flash_decode(*dec_args),
+        "flash_decode_direct_us": lambda: od._flash_decode_op(*dec_args),
+    }
+    backends = {name: None for name in fns}
+    for backend, short in (("FLASH_ATTENTION", "flash"), ("CUDNN_ATTENTION", "cudnn")):
+        fns[f"sdpa_{short}_us"] = lambda: F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=True)
+        backends[f"sdpa_{short}_us"] = backend
+    times = {name: [] for name in fns}
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                if backends[name] is None:
+                    times[name].append(host_us(fn, rounds=1))
+                else:
+                    with sdpa_backend(backends[name]):
+                        times[name].append(host_us(fn, rounds=1))
+    out = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+    print(out, flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib.bench dropin")
     parser.add_argument("--out", default=str(DATA_DIR / "dropin.json"))
     parser.add_argument("--sweep", action="store_true",
                         help="only the paired sweep of decode configs and merges (and where a "
                              "launch's host time goes), written to --out")
+    parser.add_argument("--dispatch", action="store_true",
+                        help="only the operators' host time by registration, paired, "
+                             "written to --out")
     args = parser.parse_args(argv)
     require_gpu("the drop-in benchmark")
+    if args.dispatch:
+        result = {"environment": environment(),
+                  "harness": {"host": "CPU time per call, GPU idle: 200 calls back to back "
+                                      "after a synchronisation; the variants take turns, 7 "
+                                      "rounds, median"},
+                  "host": dispatch_rows()}
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {args.out}")
+        return 0
     if args.sweep:
         result = {"environment": environment(),
                   "harness": "CUDA-graph replay of each side, triton.testing.do_bench median, "

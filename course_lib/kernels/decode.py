@@ -30,26 +30,22 @@ to 0. ``MERGES`` says which path a launch takes.
 ``k_pages[block_table[b, n // block_size], n % block_size, g]`` (PagedAttention: Kwon et al.
 2023, §4.1), a gathered block id per row instead of ``k_cache[b, g, n]``.
 
-``choose_num_splits``: the largest power of two that keeps at most ``PROGRAMS_PER_SM`` programs
-per SM, with at least ``MIN_TILES_PER_SPLIT`` tiles per split (the interpreter: ``BLOCK_N``
-16, at most 4 splits). ``pick_config``: (BLOCK_N, num_warps, num_stages) by head dim, for D 128
-by how the work falls on the SMs; ``config=`` overrides it.
-
-Plan and run (``make_plan``, ``run_plan``), as FlashInfer's ``plan()``/``run()``: split count,
-config and buffers are decided once per batch shape; a step only launches, reads nothing back
-and allocates nothing, so it can be captured in a CUDA graph. ``run_plan(..., bind=True)``
-returns the launches bound to all but the seven addresses that change from step to step
-(``course_lib._launch.bind``). The kernel clamps lengths to [0, N_max] and block ids to
+Plan and run (``make_plan``, ``run_plan``), as FlashInfer's ``plan()``/``run()``: split count
+(``choose_num_splits``), config (``pick_config``) and buffers are decided once per batch shape;
+a step only launches, reads nothing back and allocates nothing, so it can be captured in a CUDA
+graph. ``run_plan(..., bind=True)`` returns the launches bound to all but what changes from
+step to step: the addresses, the cache's strides and its length (``SPLIT_FREE``;
+``course_lib._launch.bind``). The kernel clamps lengths to [0, N_max] and block ids to
 [0, num_blocks): a wrong value gives a wrong answer, never a read outside the cache. The
 validated functions are ``course_lib.ops.flash_decode`` and ``paged_decode``.
 
 Speed (N_q 1, H 32, H_kv 8, D 128, fp16; ``do_bench`` median, L2 flushed; both sides in one run;
-course_lib/data/dropin.json) on an NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-11-25.
-Planned step as a CUDA graph, against SDPA cuDNN's graph: B 1, N 4k 15.2 µs (16.5 µs); B 1, N
-128k 139.2 µs, 90% of the copy bandwidth (138.8 µs); B 8, N 4k 48.9 µs (49.0 µs); B 64, N 2k
-135.4 µs (136.9 µs). ``flash_decode`` eagerly, default arguments: 18.8, 141.4, 50.0, 134.9 µs
-(cuDNN 17.5, 139.7, 50.3, 136.9 µs). Host time of a planned step, GPU idle: 8 µs. On an NVIDIA
-H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-24 (course_lib/data/decode.json):
+course_lib/data/dropin.json) on an NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0,
+2026-11-27. Planned step as a CUDA graph, against SDPA cuDNN's graph: B 1, N 4k 16.4 µs (18.6
+µs); B 1, N 128k 193.9 µs, 92% of the copy bandwidth (192.8 µs); B 8, N 4k 63.1 µs (63.6 µs);
+B 64, N 2k 190.5 µs (190.4 µs). ``flash_decode`` eagerly, default arguments: 19.6, 195.5,
+64.2, 190.9 µs (cuDNN 20.0, 194.1, 63.0, 190.8 µs). Host time of a planned step, GPU idle:
+9 µs. On an NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-24 (decode.json):
 paged_decode / flash_decode latency 1.02–1.07× at every shape. Configs and merges measured:
 course_lib/data/decode_sweep.json; the story: course_lib/data/perf_notes.md.
 """
@@ -404,9 +400,9 @@ class SplitPlan:
     m_tiles: int
     config: dict
     merge: str
-    o_part: torch.Tensor
-    lse_part: torch.Tensor
-    arrived: torch.Tensor
+    o_part: torch.Tensor | None  # None with one split (no scratch)
+    lse_part: torch.Tensor | None
+    arrived: torch.Tensor | None
     # (signature, launch) of ``flash_decode``'s last eager call with this plan: the split
     # kernel bound to every argument but its addresses (kept here: it writes into our buffers)
     bound: tuple | None = None
@@ -431,14 +427,15 @@ def make_plan(B: int, H: int, H_kv: int, N_q: int, D: int, n_max: int, device, *
         num_splits = choose_num_splits(B, H_kv, n_max, cfg["BLOCK_N"], sm_count=sm_count,
                                        m_tiles=m_tiles,
                                        max_splits=INTERPRET_MAX_SPLITS if INTERPRET else MAX_SPLITS)
-    return SplitPlan(
-        B, H, H_kv, N_q, D, n_max, paged, page_size, num_blocks, num_splits, block_m, m_tiles,
-        cfg, merge,
-        o_part=_empty((B, H, N_q, num_splits, D), device=device, dtype=torch.float32),
-        lse_part=_empty((B, H, N_q, num_splits), device=device, dtype=torch.float32),
+    plan = SplitPlan(B, H, H_kv, N_q, D, n_max, paged, page_size, num_blocks, num_splits,
+                     block_m, m_tiles, cfg, merge, o_part=None, lse_part=None, arrived=None)
+    if num_splits > 1:  # scratch for the partials (one split writes the answer directly)
+        plan.o_part = _empty((B, H, N_q, num_splits, D), device=device, dtype=torch.float32)
+        plan.lse_part = _empty((B, H, N_q, num_splits), device=device, dtype=torch.float32)
         # one arrival counter per (sequence, kv head, row tile), 0 between launches
-        arrived=(torch.zeros(B * H_kv * m_tiles, device=device, dtype=torch.int32)
-                 if merge != "kernel" else torch.empty(1, device=device, dtype=torch.int32)))
+        plan.arrived = (torch.zeros(B * H_kv * m_tiles, device=device, dtype=torch.int32)
+                        if merge != "kernel" else torch.empty(1, device=device, dtype=torch.int32))
+    return plan
 
 
 def capturing() -> bool:
@@ -446,36 +443,46 @@ def capturing() -> bool:
     return not INTERPRET and torch.cuda.is_current_stream_capturing()
 
 
+# What a bound launch of the split kernel takes anew (course_lib._launch.bind): the addresses of
+# q, k, v, seqlens, block_table, out, lse, the cache's six strides and N_MAX (a growing cache).
+SPLIT_FREE = (0, 1, 2, 3, 4, 5, 6, 13, 14, 15, 16, 17, 18, 25)
+
+
+def cache_geometry(paged: bool, k, v) -> tuple:
+    """The split kernel's stride arguments of k and v: (batch or block, head, key) strides."""
+    sk, sv = k.stride(), v.stride()
+    if paged:  # (num_blocks, block_size, H_kv, D): block, slot, head strides
+        return sk[0], sk[2], sk[1], sv[0], sv[2], sv[1]
+    return sk[0], sk[1], sk[2], sv[0], sv[1], sv[2]  # (B, H_kv, N, D)
+
+
 def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, out, lse,
-             bind: bool = False):
+             bind: bool = False, n_max: int | None = None):
     """A decode step into ``out`` (B, H, N_q, D) and ``lse`` (B, H, N_q): one launch (one split,
     or the fused merge) or two (then the merge kernel). ``k``, ``v``: (B, H_kv, N, D), or pages
     (num_blocks, block_size, H_kv, D) with ``block_table``; ``seqlens`` (B,) int32 or None.
-    ``bind=True`` returns the launches bound to all but the split kernel's first seven addresses
-    (q, k, v, seqlens, block_table, out, lse; ``course_lib._launch.bind``), or None."""
-    sq, sk, sv, so = q.stride(), k.stride(), v.stride(), out.stride()
-    if plan.paged:  # k (num_blocks, block_size, H_kv, D): block, slot, head strides
-        skb, skn, skh = sk[0], sk[1], sk[2]
-        svb, svn, svh = sv[0], sv[1], sv[2]
-        stride_bt = block_table.stride(0)
-    else:  # k (B, H_kv, N, D)
-        skb, skh, skn = sk[0], sk[1], sk[2]
-        svb, svh, svn = sv[0], sv[1], sv[2]
-        stride_bt = 0
+    ``bind=True`` returns the launches bound to all but ``SPLIT_FREE`` (or None): call the first
+    as ``launch(*addresses, *cache_geometry(paged, k, v), n_max)``. ``n_max``: the cache's length
+    where it is shorter than the plan's (a plan serves a range of lengths)."""
+    sq, so = q.stride(), out.stride()
+    skb, skh, skn, svb, svh, svn = cache_geometry(plan.paged, k, v)
+    stride_bt = block_table.stride(0) if plan.paged else 0
     cfg, B, H, N_q, D, S = plan.config, plan.B, plan.H, plan.N_q, plan.D, plan.num_splits
     has_seqlens = seqlens is not None
-    merge = plan.merge
-    if merge == "auto":
-        merge = "kernel" if capturing() else "fused"
+    merge = plan.merge if plan.merge != "auto" else "kernel" if capturing() else "fused"
     fused = merge == "fused"
     block_s = next_pow2(S)
     chunk = min(MERGE_CHUNK, block_s)  # one chunking for both merges: the same sums
-    go = functools.partial(bind_launch, 7) if bind else launch
+    go = functools.partial(bind_launch, SPLIT_FREE) if bind else launch
+    # One split never touches the scratch buffers (NUM_SPLITS == 1 is a compiled variant of its
+    # own): lse stands in for them, so a plan of one split holds no tensor at all.
+    o_part, lse_part, arrived = ((lse, lse, lse) if S == 1 else
+                                 (plan.o_part, plan.lse_part, plan.arrived))
     split = go(_decode_split_kernel, (S, B * plan.H_kv, plan.m_tiles),
                q, k, v, seqlens if has_seqlens else q, block_table if plan.paged else q,
-               out, lse, plan.o_part, plan.lse_part, plan.arrived,
+               out, lse, o_part, lse_part, arrived,
                sq[0], sq[1], sq[2], skb, skh, skn, svb, svh, svn, stride_bt, so[0], so[1], so[2],
-               sm_scale * LOG2E, H, plan.n_max, plan.num_blocks,
+               sm_scale * LOG2E, H, plan.n_max if n_max is None else n_max, plan.num_blocks,
                N_Q=N_q, GROUP=H // plan.H_kv, NUM_SPLITS=S, HEAD_DIM=D,
                BLOCK_M=plan.block_m, BLOCK_N=cfg["BLOCK_N"], PAGED=plan.paged,
                PAGE_SIZE=plan.page_size, HAS_SEQLENS=has_seqlens,

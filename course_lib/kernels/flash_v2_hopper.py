@@ -48,6 +48,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from course_lib._launch import hooks_installed
 from course_lib.kernels.attention_common import (
     _causal_bounds,
     _epilogue,
@@ -317,6 +318,9 @@ def tma_ready(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t)
 
 
+_BOUND: dict = {}  # launch signature -> the bound launch (course_lib._launch.bind)
+
+
 def forward_hopper(q, k, v, causal, sm_scale, out=None):
     """Forward on validated inputs with the TMA kernel: (o, lse). Power-of-two head dims only:
     a TMA tile spans the whole head dim, and ``best_impl`` sends any other to the portable
@@ -328,13 +332,28 @@ def forward_hopper(q, k, v, causal, sm_scale, out=None):
     H_KV, N_K = k.shape[1], k.shape[2]
     q, k, v = (tma_ready(t) for t in (q, k, v))
     o, lse = allocate_outputs(q, out)
+    ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
+    # A call shaped like an earlier one repeats its bound launch at the new addresses: no
+    # descriptors built on the host, no config lookup, no launch key (course_lib._launch.bind;
+    # Triton's launcher still encodes the four TMA descriptors, in C).
+    sig = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), o.stride(), q.dtype, causal,
+           sm_scale, q.get_device())
+    again = _BOUND.get(sig)
+    if again is not None and not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15 \
+            and not hooks_installed():
+        again(*ptrs)
+        return o, lse
     # block shapes are placeholders: the autotuner's pre-hook or ``prepare`` below sets them
     descs = [_descriptor(t, 16) for t in (q, k, v, o)]
     named = dict(zip(("desc_q", "desc_k", "desc_v", "desc_o"), descs), HEAD_DIM=D)
     args = (*descs, lse, sm_scale * LOG2E, 1.0, H, H // H_KV, N_Q, N_K,
             next_pow2(max(N_Q, N_K)))
     meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype)}
-    launch(_flash_fwd_v2_hopper_kernel, _hopper_tuned, HOPPER_CONFIGS, keep_hopper_config,
-           lambda bm: (cdiv(N_Q, bm), B * H), args, meta, args[-1],
-           prepare=lambda blocks: _set_block_shapes({**named, **blocks}))
+    again = launch(_flash_fwd_v2_hopper_kernel, _hopper_tuned, HOPPER_CONFIGS,
+                   keep_hopper_config, lambda bm: (cdiv(N_Q, bm), B * H), args, meta, args[-1],
+                   prepare=lambda blocks: _set_block_shapes({**named, **blocks}), bind_free=5)
+    if again is not None and not any(p & 15 for p in ptrs):
+        if len(_BOUND) >= 1024:  # many shapes (a growing cache): start over
+            _BOUND.clear()
+        _BOUND[sig] = again
     return o, lse

@@ -39,9 +39,9 @@ def best_impl(q: torch.Tensor, k: torch.Tensor | None = None,
     dims of 64 and more (its TMA tiles span exactly D) and sequences of ``AUTOTUNE_MIN_N`` keys
     or queries and more, when every input suits TMA (``tma_compatible``); else the portable one.
     The measurements behind it: the Hopper kernel is faster on the GPU at every shape of the
-    sweep from D 64 on (course_lib/data/attention_fwd.json), but its launch builds four TMA
-    descriptors on the host, which made a call at a short length several times slower than
-    the portable kernel's cached launch (course_lib/data/dropin.json, ``host``)."""
+    sweep from D 64 on (course_lib/data/attention_fwd.json), but even its bound launch has
+    Triton's launcher encode four TMA descriptors, so a call at a short length costs the host
+    more than the portable kernel's (course_lib/data/dropin.json, ``host``)."""
     D = q.shape[-1]
     long_enough = max(q.shape[-2], k.shape[-2] if k is not None else 0) >= AUTOTUNE_MIN_N
     if (DEVICE == "cuda" and "hopper" in IMPLS and D >= 64 and D & (D - 1) == 0
@@ -94,31 +94,37 @@ def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=N
 # The operators: torch.library custom ops with fake implementations and an autograd formula
 # ---------------------------------------------------------------------------------------------
 
-@torch.library.custom_op("course::flash_attn_fwd", mutates_args=())
-def _flash_attn_fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                       sm_scale: float, impl: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(O, lse) of validated inputs; ``impl`` "auto" picks the kernel for these tensors."""
-    q, k, v = (t.contiguous() for t in (q, k, v))
+# Defined with torch.library.Library rather than the ``custom_op`` decorator: same schema,
+# fake implementation and autograd, but a call skips ``custom_op``'s Python wrappers (a Dynamo
+# guard and an aliasing check of the outputs on every call), which a compiled prefill pays at
+# every layer (course_lib/data/perf_notes.md, session 10). Our implementations always return
+# fresh tensors, which is what that check enforces; tests/test_ops.py runs ``opcheck``.
+_LIB = torch.library.Library("course", "FRAGMENT")
+_LIB.define("flash_attn_fwd(Tensor q, Tensor k, Tensor v, bool causal, float sm_scale, "
+            "str impl) -> (Tensor, Tensor)")
+_LIB.define("flash_attn_bwd(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, "
+            "bool causal, float sm_scale) -> (Tensor, Tensor, Tensor)")
+
+
+def _flash_attn_fwd_op(q, k, v, causal, sm_scale, impl):
+    """(O, lse) of validated inputs; ``impl`` "auto" picks the kernel for these tensors. The
+    kernels take any strides with a unit last one (the launchers copy other inputs), so a
+    transposed view costs no copy here."""
     return _flash_attn_v2_forward(q, k, v, causal, sm_scale, None if impl == "auto" else impl)
 
 
-@_flash_attn_fwd_op.register_fake
-def _(q, k, v, causal, sm_scale, impl):
+def _flash_attn_fwd_fake(q, k, v, causal, sm_scale, impl):
     B, H, N_q, D = q.shape
     return q.new_empty((B, H, N_q, D)), q.new_empty((B, H, N_q), dtype=torch.float32)
 
 
-@torch.library.custom_op("course::flash_attn_bwd", mutates_args=())
-def _flash_attn_bwd_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       o: torch.Tensor, lse: torch.Tensor, causal: bool,
-                       sm_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _flash_attn_bwd_op(do, q, k, v, o, lse, causal, sm_scale):
     """(dq, dk, dv) of ``O = flash_attn_v2(q, k, v)`` for the gradient ``do`` of O."""
     dq, dk, dv = flash_attn_v2_backward(do, q, k, v, o, lse, causal, sm_scale)
     return dq, dk, dv
 
 
-@_flash_attn_bwd_op.register_fake
-def _(do, q, k, v, o, lse, causal, sm_scale):
+def _flash_attn_bwd_fake(do, q, k, v, o, lse, causal, sm_scale):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
 
 
@@ -137,4 +143,9 @@ def _backward(ctx, do, _dlse):
     return dq, dk, dv, None, None, None
 
 
-_flash_attn_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+for _name, _impl, _fake in (("flash_attn_fwd", _flash_attn_fwd_op, _flash_attn_fwd_fake),
+                            ("flash_attn_bwd", _flash_attn_bwd_op, _flash_attn_bwd_fake)):
+    _LIB.impl(_name, _impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"course::{_name}", _fake, lib=_LIB)
+torch.library.register_autograd("course::flash_attn_fwd", _backward,
+                                setup_context=_setup_context, lib=_LIB)

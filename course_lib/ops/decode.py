@@ -32,7 +32,7 @@ import collections
 
 import torch
 
-from course_lib._launch import hooks_installed
+from course_lib._launch import hooks_installed, int_classes
 from course_lib.kernels import decode as kd
 from course_lib.validate import (
     check_attention_inputs,
@@ -168,30 +168,45 @@ def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_spl
 
     ``reuse``: keep the split buffers per shape and stream (eager calls). The operators pass
     False: under torch.compile's CUDA graphs every allocation must belong to the graph's own
-    memory pool, and a buffer kept alive between calls would not."""
+    memory pool, and a buffer kept alive between calls would not. A plan of one split holds no
+    tensor (it writes the answer directly), so the operators keep those plans too: a compiled
+    prefill through a static cache (many queries, one split) then launches like an eager
+    call."""
     B, H, N_q, D = q.shape
     H_kv = k.shape[2] if paged else k.shape[1]
+
+    # A cache that grows by a token per step (transformers' DynamicCache) keeps its plan for a
+    # while: one plan serves a range of lengths (at most 1/8 longer than the cache), and the
+    # kernel is told the true length.
+    n_plan = n_max if paged else _length_bucket(n_max)
 
     def make():
         # a plan made for one call knows whether it is being captured (no counters to zero)
         merge = "auto" if reuse else "kernel" if kd.capturing() else "fused"
-        return kd.make_plan(B, H, H_kv, N_q, D, n_max, q.device, num_splits=num_splits,
+        return kd.make_plan(B, H, H_kv, N_q, D, n_plan, q.device, num_splits=num_splits,
                             config=cfg, paged=paged, page_size=page_size, num_blocks=num_blocks,
                             merge=merge)
 
     out = kd._empty((B, H, N_q, D), device=q.device, dtype=q.dtype)
     lse = kd._empty((B, H, N_q), device=q.device, dtype=torch.float32)
-    if not reuse:
-        kd.run_plan(make(), q, k, v, seqlens, block_table, sm_scale, out, lse)
-        return out, lse
-    key = (B, H, H_kv, N_q, D, n_max, paged, page_size, num_blocks, num_splits,
-           None if cfg is None else tuple(sorted(cfg.items())), q.device, _stream_id(q.device))
-    plan = _cached_plan(key, make)
+    key = (B, H, H_kv, N_q, D, n_plan, paged, page_size, num_blocks, num_splits,
+           None if cfg is None else tuple(sorted(cfg.items())), q.device, _stream_id(q.device),
+           reuse)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = make()
+        if reuse or plan.num_splits == 1:
+            _cached_plan(key, lambda: plan)
+        else:  # an operator's plan with buffers: used for this call only
+            kd.run_plan(plan, q, k, v, seqlens, block_table, sm_scale, out, lse, n_max=n_max)
+            return out, lse
     # The launch bound by the last call with this plan is repeated when everything but the
-    # addresses is as it was: dtype, scale, strides (what the compiled kernel and its integer
-    # arguments depend on), every address 16-byte aligned, no profiler hooks, no capture.
-    sig = (q.dtype, sm_scale, q.stride(), k.stride(), v.stride(), seqlens is None,
-           None if block_table is None else block_table.stride(0))
+    # addresses, the cache's strides and its length is as it was, and those have the
+    # specialization classes they had (what the compiled kernel depends on): dtype, scale,
+    # q's strides, every address 16-byte aligned, no profiler hooks, no capture.
+    geometry = (*kd.cache_geometry(paged, k, v), n_max)
+    sig = (q.dtype, sm_scale, q.stride(), seqlens is None,
+           None if block_table is None else block_table.stride(0), int_classes(geometry))
     bound = plan.bound
     has_lens, has_table = seqlens is not None, block_table is not None
     ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), seqlens.data_ptr() if has_lens else 0,
@@ -200,13 +215,22 @@ def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_spl
                                                        | ptrs[4] | ptrs[5] | ptrs[6]) & 15
             and not hooks_installed() and not kd.capturing()):
         bound[1](ptrs[0], ptrs[1], ptrs[2], ptrs[3] if has_lens else ptrs[0],
-                 ptrs[4] if has_table else ptrs[0], ptrs[5], ptrs[6])
+                 ptrs[4] if has_table else ptrs[0], ptrs[5], ptrs[6], *geometry)
         return out, lse
     bind = not kd.capturing()
-    launches = kd.run_plan(plan, q, k, v, seqlens, block_table, sm_scale, out, lse, bind=bind)
+    launches = kd.run_plan(plan, q, k, v, seqlens, block_table, sm_scale, out, lse, bind=bind,
+                           n_max=n_max)
     if bind and launches is not None and len(launches) == 1:
         plan.bound = (sig, launches[0])
     return out, lse
+
+
+def _length_bucket(n: int) -> int:
+    """``n`` rounded up to a multiple of an eighth of the largest power of two not above it
+    (at least 64): 2049 and 2304 share 2304, so a cache that grows one token per step changes
+    plans every few hundred steps, not every step, and a plan is at most 1/8 longer."""
+    step = max(64, (1 << (max(n, 1).bit_length() - 1)) // 8)
+    return -(-n // step) * step
 
 
 def _config_list(cfg) -> list[int]:
@@ -301,19 +325,24 @@ def _refuse_validate_when_compiling():
 # the operators
 # ---------------------------------------------------------------------------------------------
 
-@torch.library.custom_op("course::flash_decode", mutates_args=())
-def _flash_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     cache_seqlens: torch.Tensor | None, num_splits: int, sm_scale: float,
-                     config: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+# torch.library.Library, not the ``custom_op`` decorator, as in course_lib.ops.attention (why
+# there); every call returns fresh tensors (``reuse=False``).
+_LIB = torch.library.Library("course", "FRAGMENT")
+_LIB.define("flash_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, "
+            "int num_splits, float sm_scale, int[] config) -> (Tensor, Tensor)")
+_LIB.define("paged_decode(Tensor q, Tensor k_pages, Tensor v_pages, Tensor block_table, "
+            "Tensor cache_seqlens, int num_splits, float sm_scale, int[] config) "
+            "-> (Tensor, Tensor)")
+
+
+def _flash_decode_op(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale, config):
     """(o, lse) of ``flash_decode`` on checked inputs; num_splits 0: chosen; config [] default."""
     return _decode(q, k_cache, v_cache, cache_seqlens, None, k_cache.shape[2], 1, 1,
                    num_splits or None, sm_scale, _config_dict(config), paged=False, reuse=False)
 
 
-@torch.library.custom_op("course::paged_decode", mutates_args=())
-def _paged_decode_op(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-                     block_table: torch.Tensor, cache_seqlens: torch.Tensor, num_splits: int,
-                     sm_scale: float, config: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def _paged_decode_op(q, k_pages, v_pages, block_table, cache_seqlens, num_splits, sm_scale,
+                     config):
     """(o, lse) of ``paged_decode`` on checked inputs."""
     num_blocks, block_size = k_pages.shape[:2]
     return _decode(q, k_pages, v_pages, cache_seqlens, block_table,
@@ -321,19 +350,14 @@ def _paged_decode_op(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tens
                    num_splits or None, sm_scale, _config_dict(config), paged=True, reuse=False)
 
 
-def _fake_outputs(q):
+def _fake_outputs(q, *_):
     B, H, N_q, D = q.shape
     return q.new_empty((B, H, N_q, D)), q.new_empty((B, H, N_q), dtype=torch.float32)
 
 
-@_flash_decode_op.register_fake
-def _(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale, config):
-    return _fake_outputs(q)
-
-
-@_paged_decode_op.register_fake
-def _(q, k_pages, v_pages, block_table, cache_seqlens, num_splits, sm_scale, config):
-    return _fake_outputs(q)
+for _name, _impl in (("flash_decode", _flash_decode_op), ("paged_decode", _paged_decode_op)):
+    _LIB.impl(_name, _impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"course::{_name}", _fake_outputs, lib=_LIB)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,7 +398,8 @@ class DecodePlan:
         self.lse = kd._empty((B, H, N_q), device=q.device, dtype=torch.float32)
         self._q_stride, self._device_index = tuple(q.stride()), q.get_device()
         self._out_ptrs = (self.out.data_ptr(), self.lse.data_ptr())
-        self._bound = None  # (k_cache, v_cache, cache_seqlens, block_table, launches)
+        # (k_cache, v_cache, cache_seqlens, block_table, launches, the caches' geometry)
+        self._bound = None
 
     def run(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, return_lse=False):
         """One decode step into the plan's buffers: returns ``self.out`` (and ``self.lse``).
@@ -402,7 +427,7 @@ class DecodePlan:
             bound[4][0](p, k_cache.data_ptr(), v_cache.data_ptr(),
                         p if cache_seqlens is None else cache_seqlens.data_ptr(),
                         p if block_table is None else block_table.data_ptr(),
-                        self._out_ptrs[0], self._out_ptrs[1])
+                        self._out_ptrs[0], self._out_ptrs[1], *bound[5])
             for merge in bound[4][1:]:
                 merge()
         else:
@@ -410,7 +435,8 @@ class DecodePlan:
             launches = kd.run_plan(self.plan, q, k_cache, v_cache, cache_seqlens, block_table,
                                    self.sm_scale, self.out, self.lse, bind=bind)
             self._bound = (None if not bind or launches is None else
-                           (k_cache, v_cache, cache_seqlens, block_table, launches))
+                           (k_cache, v_cache, cache_seqlens, block_table, launches,
+                            (*kd.cache_geometry(self.paged, k_cache, v_cache), self.plan.n_max)))
         return (self.out, self.lse) if return_lse else self.out
 
 

@@ -403,26 +403,31 @@ def time_compiled_prefills(model, input_ids: torch.Tensor, implementations, pair
     sides under the same drift."""
     compiled = torch.compile(model, fullgraph=True, dynamic=False)
     times = {impl: [] for impl in implementations}
-    with torch.inference_mode():
-        for r in range(pairs + 2):  # two rounds of warm-up: compile, then settle
-            for impl in implementations:
-                model.set_attn_implementation(impl)
-                _sync()
-                t0 = time.perf_counter()
-                compiled(input_ids, use_cache=False, logits_to_keep=1)
-                _sync()
-                if r >= 2:
-                    times[impl].append((time.perf_counter() - t0) * 1e3)
+    for r in range(pairs + 2):  # two rounds of warm-up: compile, then settle
+        for impl in implementations:
+            model.set_attn_implementation(impl)
+            _sync()
+            t0 = time.perf_counter()
+            compiled(input_ids, use_cache=False, logits_to_keep=1)
+            _sync()
+            if r >= 2:
+                times[impl].append((time.perf_counter() - t0) * 1e3)
     return {impl: _median(t) for impl, t in times.items()}
+
+
+def _prompts(model, prompt_lengths, batch: int) -> dict:
+    """{length: (batch, length) random token ids}, the same for every benchmark (one fixed
+    generator)."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    return {n: torch.randint(0, model.config.vocab_size, (batch, n), generator=gen)
+            .to(model.device) for n in prompt_lengths}
 
 
 def compiled_prefill_rows(model, prompt_lengths=(512, 2048), pairs: int = 20) -> list[dict]:
     """The compiled prefill alone, the course's attention against SDPA, for each prompt length
     (``time_compiled_prefills``: one compiled model, the two called in turn ``pairs`` times)."""
-    gen = torch.Generator(device="cpu").manual_seed(0)
     rows = []
-    for n in prompt_lengths:
-        ids = torch.randint(0, model.config.vocab_size, (1, n), generator=gen).to(model.device)
+    for n, ids in _prompts(model, prompt_lengths, 1).items():
         torch._dynamo.reset()
         t = time_compiled_prefills(model, ids, (ATTN_IMPLEMENTATION, "sdpa"), pairs)
         rows.append({"prompt": n, "batch": 1, "pairs": pairs,
@@ -433,6 +438,7 @@ def compiled_prefill_rows(model, prompt_lengths=(512, 2048), pairs: int = 20) ->
     return rows
 
 
+@torch.inference_mode()
 def time_compiled(model, input_ids: torch.Tensor, new_tokens: int = 32,
                   repeats: int = 3, prefill: bool = True) -> tuple[float | None, float]:
     """(prefill ms, decode ms/token) the way models are deployed: ``torch.compile``.
@@ -445,19 +451,9 @@ def time_compiled(model, input_ids: torch.Tensor, new_tokens: int = 32,
     Medians of ``repeats`` after warm-up runs that compile. ``prefill=False``: the decode only
     (``benchmark`` times compiled prefills by ``time_compiled_prefills``), (None, decode).
     """
-    if prefill:
-        compiled = torch.compile(model, fullgraph=True, dynamic=False)
-        times = []
-        for r in range(repeats + 2):  # two warm-ups: compile, then settle
-            _sync()
-            t0 = time.perf_counter()
-            compiled(input_ids, use_cache=False, logits_to_keep=1)
-            _sync()
-            if r >= 2:
-                times.append((time.perf_counter() - t0) * 1e3)
-        prefill = _median(times)
-    else:
-        prefill = None
+    impl = model.config._attn_implementation
+    prefill_ms = (time_compiled_prefills(model, input_ids, (impl,), repeats)[impl] if prefill
+                  else None)
 
     config = static_compile_config()
 
@@ -473,7 +469,7 @@ def time_compiled(model, input_ids: torch.Tensor, new_tokens: int = 32,
     run(new_tokens + 1)  # compile and record the graphs
     run(new_tokens + 1)
     per_token = [(run(new_tokens + 1) - run(1)) / new_tokens for _ in range(repeats)]
-    return prefill, _median(per_token)
+    return prefill_ms, _median(per_token)
 
 
 def benchmark(model, prompt_lengths=(512, 2048, 8192), batch: int = 1, new_tokens: int = 32,
@@ -492,9 +488,7 @@ def benchmark(model, prompt_lengths=(512, 2048, 8192), batch: int = 1, new_token
     at 3.6 ms/token and the next at 2.8).
     """
     rows = []
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    prompts = {n: torch.randint(0, model.config.vocab_size, (batch, n), generator=gen)
-               .to(model.device) for n in prompt_lengths}
+    prompts = _prompts(model, prompt_lengths, batch)
     for n, ids in prompts.items():  # every eager run first: a compiled run leaves caches behind
         row = {"prompt": n, "batch": batch}
         for _ in range(rounds):

@@ -489,3 +489,26 @@ def test_fast_launch_plumbing_with_a_stand_in_for_triton(monkeypatch):
     assert moved.base.data_ptr() == y.data_ptr()
     assert (list(moved.shape), list(moved.strides), list(moved.block_shape), moved.padding) == (
         list(desc.shape), list(desc.strides), list(desc.block_shape), desc.padding)
+
+
+def test_bound_launch_cache_of_the_forward_kernels():
+    """repeat_bound / keep_bound, which both forward launchers use: a kept launch repeats only
+    at 16-byte-aligned addresses, a misaligned binding is never kept, and the dict starts over
+    past 1024 signatures."""
+    from course_lib.kernels.attention_common import keep_bound, repeat_bound
+
+    calls, bound = [], {}
+    aligned, misaligned = (16, 32, 48, 64, 80), (16, 32, 48, 64, 88)
+    assert not repeat_bound(bound, "sig", aligned)  # nothing kept yet
+    keep_bound(bound, "sig", None, aligned)  # nothing was bound (interpreter, slow path)
+    keep_bound(bound, "bad", calls.append, misaligned)
+    assert bound == {}
+    keep_bound(bound, "sig", lambda *p: calls.append(p), aligned)
+    assert repeat_bound(bound, "sig", (160, 320, 480, 640, 800))
+    assert calls == [(160, 320, 480, 640, 800)]
+    assert not repeat_bound(bound, "sig", misaligned) and len(calls) == 1
+    for i in range(1023):
+        keep_bound(bound, i, calls.append, aligned)
+    assert len(bound) == 1024
+    keep_bound(bound, "new", calls.append, aligned)
+    assert list(bound) == ["new"]

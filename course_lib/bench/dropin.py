@@ -252,7 +252,7 @@ def dispatch_rows(rounds: int = 7) -> dict:
     from course_lib.ops import decode as od
 
     lib = "bench_dispatch"
-    if not hasattr(torch.ops, lib) or not hasattr(getattr(torch.ops, lib), "flash_attn_fwd"):
+    if not hasattr(getattr(torch.ops, lib), "flash_attn_fwd"):  # once per process
         def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                 sm_scale: float, impl: str) -> tuple[torch.Tensor, torch.Tensor]:
             return oa._flash_attn_fwd_op(q, k, v, causal, sm_scale, impl)

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from course_lib._device import INTERPRET
-from course_lib._launch import bind
+from course_lib._launch import bind, hooks_installed
 from course_lib._launch import launch as fast_launch
 
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis, which carries batch x heads
@@ -205,6 +205,28 @@ def launch(kernel, tuned, configs, keep, grid_of, args, meta, n_bucket, prepare=
     with interpreter_errstate():
         kernel[grid_of(blocks["BLOCK_M"])](*args, **meta, **blocks, **options)
     return None
+
+
+def repeat_bound(bound: dict, sig, ptrs) -> bool:
+    """Repeat the launch that ``bound`` keeps for the call signature ``sig`` at the addresses
+    ``ptrs`` (q, k, v, o, lse; ``course_lib._launch.bind``). False, and nothing launched, where
+    none is kept, an address is not 16-byte aligned (the compiled kernel assumes it) or
+    profiler hooks are installed."""
+    again = bound.get(sig)
+    q, k, v, o, lse = ptrs
+    if again is None or (q | k | v | o | lse) & 15 or hooks_installed():
+        return False
+    again(*ptrs)
+    return True
+
+
+def keep_bound(bound: dict, sig, again, ptrs) -> None:
+    """Keep the bound launch ``again`` (None: none was bound) for ``sig``, if the addresses it
+    was bound at are 16-byte aligned; many shapes (a growing cache) start the dict over."""
+    if again is not None and not any(p & 15 for p in ptrs):
+        if len(bound) >= 1024:
+            bound.clear()
+        bound[sig] = again
 
 
 def interpreter_errstate():

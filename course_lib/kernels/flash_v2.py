@@ -43,7 +43,6 @@ import triton
 import triton.language as tl
 
 from course_lib._device import INTERPRET
-from course_lib._launch import hooks_installed
 from course_lib.kernels.attention_common import (  # noqa: F401 (the lesson reads them here)
     AUTOTUNE_MIN_N,
     INTERPRETER_BLOCKS,
@@ -56,8 +55,10 @@ from course_lib.kernels.attention_common import (  # noqa: F401 (the lesson read
     cdiv,
     dot_precision,
     head_dim_pad,
+    keep_bound,
     launch,
     next_pow2,
+    repeat_bound,
 )
 from course_lib.reference import LOG2E  # noqa: F401 (notebook 08 reads LOG2E here)
 
@@ -203,13 +204,11 @@ def forward_portable(q, k, v, causal, sm_scale, out=None):
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     o, lse = allocate_outputs(q, out)
     sq, sk, sv, so = q.stride(), k.stride(), v.stride(), o.stride()
+    sig = ptrs = None  # the interpreter binds nothing
     if not INTERPRET:
         sig = (q.shape, k.shape, sq, sk, sv, so, q.dtype, causal, sm_scale, q.get_device())
-        again = _BOUND.get(sig)
         ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
-        if (again is not None and not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15
-                and not hooks_installed()):
-            again(*ptrs)
+        if repeat_bound(_BOUND, sig, ptrs):
             return o, lse
     args = (q, k, v, o, lse,
             sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[1], so[2],
@@ -218,8 +217,5 @@ def forward_portable(q, k, v, causal, sm_scale, out=None):
     again = launch(_flash_fwd_v2_kernel, _portable_tuned, PORTABLE_CONFIGS,
                    keep_config_for_head_dim, lambda bm: (cdiv(N_Q, bm), B * H), args, meta,
                    args[-1], bind_free=5)
-    if again is not None and not any(a.data_ptr() & 15 for a in args[:5]):
-        if len(_BOUND) >= 1024:  # many shapes (a growing cache): start over
-            _BOUND.clear()
-        _BOUND[sig] = again
+    keep_bound(_BOUND, sig, again, ptrs)
     return o, lse

@@ -48,7 +48,6 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from course_lib._launch import hooks_installed
 from course_lib.kernels.attention_common import (
     _causal_bounds,
     _epilogue,
@@ -58,8 +57,10 @@ from course_lib.kernels.attention_common import (
     allocate_outputs,
     cdiv,
     dot_precision,
+    keep_bound,
     launch,
     next_pow2,
+    repeat_bound,
 )
 from course_lib.reference import LOG2E
 
@@ -338,10 +339,7 @@ def forward_hopper(q, k, v, causal, sm_scale, out=None):
     # Triton's launcher still encodes the four TMA descriptors, in C).
     sig = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), o.stride(), q.dtype, causal,
            sm_scale, q.get_device())
-    again = _BOUND.get(sig)
-    if again is not None and not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15 \
-            and not hooks_installed():
-        again(*ptrs)
+    if repeat_bound(_BOUND, sig, ptrs):
         return o, lse
     # block shapes are placeholders: the autotuner's pre-hook or ``prepare`` below sets them
     descs = [_descriptor(t, 16) for t in (q, k, v, o)]
@@ -352,8 +350,5 @@ def forward_hopper(q, k, v, causal, sm_scale, out=None):
     again = launch(_flash_fwd_v2_hopper_kernel, _hopper_tuned, HOPPER_CONFIGS,
                    keep_hopper_config, lambda bm: (cdiv(N_Q, bm), B * H), args, meta, args[-1],
                    prepare=lambda blocks: _set_block_shapes({**named, **blocks}), bind_free=5)
-    if again is not None and not any(p & 15 for p in ptrs):
-        if len(_BOUND) >= 1024:  # many shapes (a growing cache): start over
-            _BOUND.clear()
-        _BOUND[sig] = again
+    keep_bound(_BOUND, sig, again, ptrs)
     return o, lse

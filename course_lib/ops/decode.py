@@ -153,13 +153,10 @@ def _stream_id(device: torch.device) -> int:
                                               else torch.cuda.current_device())
 
 
-def _cached_plan(key, make):
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = _PLANS[key] = make()
-        if len(_PLANS) > _MAX_PLANS:
-            _PLANS.popitem(last=False)
-    return plan
+def _keep_plan(key, plan) -> None:
+    _PLANS[key] = plan
+    if len(_PLANS) > _MAX_PLANS:
+        _PLANS.popitem(last=False)
 
 
 def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_splits,
@@ -180,13 +177,6 @@ def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_spl
     # kernel is told the true length.
     n_plan = n_max if paged else _length_bucket(n_max)
 
-    def make():
-        # a plan made for one call knows whether it is being captured (no counters to zero)
-        merge = "auto" if reuse else "kernel" if kd.capturing() else "fused"
-        return kd.make_plan(B, H, H_kv, N_q, D, n_plan, q.device, num_splits=num_splits,
-                            config=cfg, paged=paged, page_size=page_size, num_blocks=num_blocks,
-                            merge=merge)
-
     out = kd._empty((B, H, N_q, D), device=q.device, dtype=q.dtype)
     lse = kd._empty((B, H, N_q), device=q.device, dtype=torch.float32)
     key = (B, H, H_kv, N_q, D, n_plan, paged, page_size, num_blocks, num_splits,
@@ -194,9 +184,13 @@ def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_spl
            reuse)
     plan = _PLANS.get(key)
     if plan is None:
-        plan = make()
+        # a plan made for one call knows whether it is being captured (no counters to zero)
+        merge = "auto" if reuse else "kernel" if kd.capturing() else "fused"
+        plan = kd.make_plan(B, H, H_kv, N_q, D, n_plan, q.device, num_splits=num_splits,
+                            config=cfg, paged=paged, page_size=page_size, num_blocks=num_blocks,
+                            merge=merge)
         if reuse or plan.num_splits == 1:
-            _cached_plan(key, lambda: plan)
+            _keep_plan(key, plan)
         else:  # an operator's plan with buffers: used for this call only
             kd.run_plan(plan, q, k, v, seqlens, block_table, sm_scale, out, lse, n_max=n_max)
             return out, lse

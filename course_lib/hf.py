@@ -48,15 +48,16 @@ per-token decode against SDPA. transformers is an optional extra of the course
 
 Measured speed (course_lib/data/llama.json, drawn by ``course_lib.diagrams.capstone``; NVIDIA
 H100 80GB HBM3, torch 2.11, the 1.24 B-parameter config in bf16, batch 1; both sides timed the
-same way, eager PyTorch, wall clock between ``torch.cuda.synchronize()`` calls: ``time_prefill``
-and ``time_decode`` below): prefill of 8192 tokens 54.1 ms with the course kernels against
-51.5 ms with SDPA (512 tokens: 10.5 and 10.1 ms); decode 11.3–12.0 ms per token with the
-course kernels and 9.7–11.2 ms with SDPA, about the same at 512 and at 8192 tokens of context:
-bound by the host's work per token (launches, Python, the cache's copies) more than by the GPU's
-attention. Compiled, with a static cache and the decode step as a CUDA graph (``time_compiled``,
-``time_compiled_prefills``; course_lib/data/capstone_compiled.json, both sides in one run), a
-token takes a fraction of its eager time on both sides; notebooks/14_llama_capstone.ipynb,
-section 7, gives the numbers, generated from that file.
+same way, eager PyTorch, in turns, wall clock between ``torch.cuda.synchronize()`` calls:
+``time_prefills_in_turns`` and ``time_decodes_in_turns`` below): prefill of 8192 tokens 51.4 ms
+with the course kernels against 52.7 ms with SDPA (512 tokens: 10.2 and 10.3 ms); decode
+10.5–12.2 ms per token with the course kernels and 10.3–11.9 ms with SDPA, about the same at
+512 and at 8192 tokens of context: bound by the host's work per token (launches, Python, the
+cache's copies) more than by the GPU's attention. Compiled, with a static cache and the decode
+step as a CUDA graph (``time_compiled_decodes_in_turns``, ``time_prefills_in_turns`` with
+``compiled=True``; course_lib/data/capstone_compiled.json, both sides in one run), a token
+takes a fraction of its eager time on both sides; notebooks/14_llama_capstone.ipynb, section 7,
+gives the numbers, generated from that file.
 """
 from __future__ import annotations
 
@@ -100,7 +101,9 @@ def course_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset
     packed sequences, which transformers cannot rule out inside a compiled graph; another
     pattern) is drawn as ``sdpa_mask``'s 4D boolean mask and checked here, once per forward
     (``_keys_in_use``): a causal mask over the first L_b keys of each sequence becomes L_b, any
-    other raises ``NotImplementedError`` (under ``torch.compile``, a device-side assertion).
+    other raises ``NotImplementedError`` (under ``torch.compile``, a device-side assertion). A
+    compiled prefill with no cache (N_q = N_k, no offsets) whose mask is the plain causal one
+    gets None, as eagerly.
     This is the manner of transformers' own FlashAttention path, whose mask function hands the
     attention a compact 2D padding mask instead of a 4D one. Eagerly, knowing that there is no
     padding reads the 2D mask back (one synchronisation per forward, as transformers' SDPA path
@@ -125,7 +128,15 @@ def course_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset
     mask = sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length,
                      q_offset=q_offset, kv_offset=kv_offset, attention_mask=attention_mask,
                      allow_is_causal_skip=False, **kwargs)  # (B, 1, N_q, N_k)
-    return _keys_in_use(mask, q_length, kv_length)[0]
+    lengths = _keys_in_use(mask, q_length, kv_length)[0]
+    if compiling and static_offsets and q_offset == kv_offset == 0 and q_length == kv_length:
+        # A compiled prefill with no cache: transformers drew the mask only because it cannot
+        # rule out packed sequences in a graph. Checked (on the device) to be the plain causal
+        # mask over all N keys, it becomes None: every layer runs the causal forward kernel
+        # with no key counts, as the eager prefill does.
+        torch._assert_async((lengths == kv_length).all(), _NOT_CAUSAL_PREFIX)
+        return None
+    return lengths
 
 
 _NOT_CAUSAL_PREFIX = (
@@ -205,7 +216,8 @@ def course_attention_forward(module, query, key, value, attention_mask, scaling=
     for name in ("softcap", "s_aux", "sliding_window"):
         if kwargs.get(name) is not None:
             raise NotImplementedError(f"course_kernels does not support {name}={kwargs[name]!r}")
-    if getattr(module, "sliding_window", None) is not None:
+    # (vars(): a missing attribute through nn.Module.__getattr__ costs an exception per layer)
+    if vars(module).get("sliding_window") is not None:
         raise NotImplementedError(
             f"course_kernels does not support sliding-window attention (layer "
             f"{getattr(module, 'layer_idx', '?')} has sliding_window={module.sliding_window})")
@@ -248,6 +260,7 @@ def course_attention_forward(module, query, key, value, attention_mask, scaling=
         if not compiling:
             CALLS["prefill"] += 1
         out = flash_attn_v2(query, key, value, causal=causal, sm_scale=scaling)  # (B, H, N_q, D)
+    # O is laid out as q is, (B, N_q, H, D) in memory (ops.flash_attn_v2): no copy here
     return out.transpose(1, 2).contiguous(), None  # (B, N_q, H, D)
 
 
@@ -391,28 +404,64 @@ def time_decode(model, input_ids: torch.Tensor, new_tokens: int = 32, repeats: i
 
 
 @torch.inference_mode()
-def time_compiled_prefills(model, input_ids: torch.Tensor, implementations, pairs: int = 20,
-                           ) -> dict[str, float]:
-    """Median ms of a compiled prefill for each attention implementation, timed in alternation.
+def time_prefills_in_turns(model, input_ids: torch.Tensor, implementations, pairs: int = 20,
+                           compiled: bool = False) -> dict[str, float]:
+    """Median ms of one prefill (a forward over the prompt, no cache kept) for each attention
+    implementation, the implementations called in turns: A, B, A, B, ... ``pairs`` times after
+    two rounds of warm-up.
 
-    ``torch.compile(model, fullgraph=True, dynamic=False)`` is made once; each implementation
-    compiles its own graph on its first call (the guard on ``config._attn_implementation``
-    keeps both), then the implementations take turns, ``pairs`` times: A, B, A, B, ... A
-    compiled prefill of a short prompt is bound by the host's launches on both sides, and
-    whatever else the host does drifts over seconds; turns at the scale of one call put both
-    sides under the same drift."""
-    compiled = torch.compile(model, fullgraph=True, dynamic=False)
+    A prefill of a short prompt is bound by the host's launches on both sides, and whatever
+    else the host does drifts over seconds; turns at the scale of one call put both sides
+    under the same drift. ``compiled``: ``torch.compile(model, fullgraph=True,
+    dynamic=False)``, made once; each implementation compiles its own graph on its first call
+    (the guard on ``config._attn_implementation`` keeps both)."""
+    run = torch.compile(model, fullgraph=True, dynamic=False) if compiled else model
     times = {impl: [] for impl in implementations}
     for r in range(pairs + 2):  # two rounds of warm-up: compile, then settle
         for impl in implementations:
             model.set_attn_implementation(impl)
             _sync()
             t0 = time.perf_counter()
-            compiled(input_ids, use_cache=False, logits_to_keep=1)
+            run(input_ids, use_cache=False, logits_to_keep=1)
             _sync()
             if r >= 2:
                 times[impl].append((time.perf_counter() - t0) * 1e3)
     return {impl: _median(t) for impl, t in times.items()}
+
+
+@torch.inference_mode()
+def time_decodes_in_turns(model, input_ids: torch.Tensor, implementations,
+                          new_tokens: int = 32, repeats: int = 3) -> dict[str, float]:
+    """Median ms of one greedy decode step (one token's forward against the model's
+    DynamicCache) for each attention implementation, the implementations stepping in turns.
+
+    Each implementation gets its own cache from a prefill of ``input_ids`` (not timed). Then,
+    token after token, each takes one step, timed from a synchronisation to the next (as
+    ``generate`` waits for every token); ``repeats`` runs of ``new_tokens`` steps after one
+    run of warm-up, the median of all the steps. An eager step is bound by the host, whose
+    speed drifts by tens of percent over seconds on these machines: steps taken in turns see
+    the same drift."""
+    steps = {impl: [] for impl in implementations}
+    for r in range(repeats + 1):
+        state = {}
+        for impl in implementations:
+            model.set_attn_implementation(impl)
+            out = model(input_ids, use_cache=True, logits_to_keep=1)
+            state[impl] = (out.past_key_values, out.logits[:, -1:].argmax(-1))
+        for _ in range(new_tokens):
+            for impl in implementations:
+                model.set_attn_implementation(impl)
+                cache, tok = state[impl]
+                _sync()
+                t0 = time.perf_counter()
+                out = model(tok, past_key_values=cache, use_cache=True)
+                tok = out.logits[:, -1:].argmax(-1)
+                _sync()
+                if r:
+                    steps[impl].append((time.perf_counter() - t0) * 1e3)
+                state[impl] = (out.past_key_values, tok)
+        del state, out
+    return {impl: _median(t) for impl, t in steps.items()}
 
 
 def _prompts(model, prompt_lengths, batch: int) -> dict:
@@ -425,11 +474,12 @@ def _prompts(model, prompt_lengths, batch: int) -> dict:
 
 def compiled_prefill_rows(model, prompt_lengths=(512, 2048), pairs: int = 20) -> list[dict]:
     """The compiled prefill alone, the course's attention against SDPA, for each prompt length
-    (``time_compiled_prefills``: one compiled model, the two called in turn ``pairs`` times)."""
+    (``time_prefills_in_turns``: one compiled model, the two called in turn ``pairs`` times)."""
     rows = []
     for n, ids in _prompts(model, prompt_lengths, 1).items():
         torch._dynamo.reset()
-        t = time_compiled_prefills(model, ids, (ATTN_IMPLEMENTATION, "sdpa"), pairs)
+        t = time_prefills_in_turns(model, ids, (ATTN_IMPLEMENTATION, "sdpa"), pairs,
+                                   compiled=True)
         rows.append({"prompt": n, "batch": 1, "pairs": pairs,
                      f"prefill_ms_compiled_{ATTN_IMPLEMENTATION}": t[ATTN_IMPLEMENTATION],
                      "prefill_ms_compiled_sdpa": t["sdpa"]})
@@ -438,82 +488,93 @@ def compiled_prefill_rows(model, prompt_lengths=(512, 2048), pairs: int = 20) ->
     return rows
 
 
+def _generate_ms(model, input_ids: torch.Tensor, new_tokens: int, config) -> float:
+    """Wall ms of one greedy ``generate`` of ``new_tokens`` tokens with a static cache and the
+    compiled decode step of ``config``."""
+    _sync()
+    t0 = time.perf_counter()
+    model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                   max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                   pad_token_id=0, cache_implementation="static", compile_config=config)
+    _sync()
+    return (time.perf_counter() - t0) * 1e3
+
+
 @torch.inference_mode()
-def time_compiled(model, input_ids: torch.Tensor, new_tokens: int = 32,
-                  repeats: int = 3, prefill: bool = True) -> tuple[float | None, float]:
-    """(prefill ms, decode ms/token) the way models are deployed: ``torch.compile``.
+def time_compiled_decodes_in_turns(model, input_ids: torch.Tensor, implementations,
+                                   new_tokens: int = 32, pairs: int = 5) -> dict[str, float]:
+    """Median ms per token of the compiled decode for each attention implementation, the
+    implementations in turns.
 
-    Prefill: ``torch.compile(model, fullgraph=True, dynamic=False)`` over the prompt (no cache
-    kept). Decode: ``generate`` with a static KV cache (``cache_implementation="static"``),
-    whose decode step transformers compiles with ``fullgraph=True`` and, on a GPU,
-    ``mode="reduce-overhead"`` (CUDA graphs); ms/token = (time of 1 + ``new_tokens`` tokens −
-    time of 1 token) / ``new_tokens``, so the eager prefill inside ``generate`` cancels out.
-    Medians of ``repeats`` after warm-up runs that compile. ``prefill=False``: the decode only
-    (``benchmark`` times compiled prefills by ``time_compiled_prefills``), (None, decode).
-    """
-    impl = model.config._attn_implementation
-    prefill_ms = (time_compiled_prefills(model, input_ids, (impl,), repeats)[impl] if prefill
-                  else None)
-
+    ``generate`` with a static KV cache (``cache_implementation="static"``), whose decode step
+    transformers compiles with ``fullgraph=True`` and, on a GPU, ``mode="reduce-overhead"``
+    (CUDA graphs). Each implementation compiles and records its own graphs in two warm-up
+    runs (the guard on ``config._attn_implementation`` keeps both); then, ``pairs`` times, each
+    runs 1 + ``new_tokens`` tokens and 1 token, and ms/token = the difference / ``new_tokens``
+    (the eager prefill inside ``generate`` cancels out). ``generate``'s own host work per token
+    drifts by over 10% from run to run: turns put both sides under the same drift."""
     config = static_compile_config()
+    per_token = {impl: [] for impl in implementations}
+    for r in range(pairs + 2):  # two rounds of warm-up: compile, then record the graphs
+        for impl in implementations:
+            model.set_attn_implementation(impl)
+            many = _generate_ms(model, input_ids, new_tokens + 1, config)
+            if r >= 2:
+                one = _generate_ms(model, input_ids, 1, config)
+                per_token[impl].append((many - one) / new_tokens)
+    return {impl: _median(t) for impl, t in per_token.items()}
 
-    def run(n):
-        _sync()
-        t0 = time.perf_counter()
-        model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=n,
-                       min_new_tokens=n, do_sample=False, pad_token_id=0,
-                       cache_implementation="static", compile_config=config)
-        _sync()
-        return (time.perf_counter() - t0) * 1e3
 
-    run(new_tokens + 1)  # compile and record the graphs
-    run(new_tokens + 1)
-    per_token = [(run(new_tokens + 1) - run(1)) / new_tokens for _ in range(repeats)]
-    return prefill_ms, _median(per_token)
+@torch.inference_mode()
+def _settle(model, input_ids: torch.Tensor, implementations, seconds: float = 10.0) -> None:
+    """Eager forwards of each implementation in turn for ``seconds``, untimed. The first
+    seconds of a fresh process ran a host-bound step up to 70% slower than the minutes after
+    (lazy initialisation, the host's clocks); whichever row came first paid for it."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for impl in implementations:
+            model.set_attn_implementation(impl)
+            model(input_ids, use_cache=False, logits_to_keep=1)
+    _sync()
 
 
 def benchmark(model, prompt_lengths=(512, 2048, 8192), batch: int = 1, new_tokens: int = 32,
               implementations=(ATTN_IMPLEMENTATION, "sdpa"), compiled: bool = False,
-              rounds: int = 2, pairs: int = 20) -> list[dict]:
+              pairs: int = 20, repeats: int = 3, compiled_pairs: int = 5) -> list[dict]:
     """Prefill ms and decode ms/token for each prompt length and attention implementation.
 
     One model, its attention switched by name, so the weights are the same for every row.
-    Eager (``time_prefill``, ``time_decode``); with ``compiled`` also the compiled prefill
-    (``time_compiled_prefills``: one call of each implementation in turn, ``pairs`` times,
-    medians) and the compiled decode (``time_compiled``), columns
-    ``prefill_ms_compiled_<impl>`` and ``decode_ms_compiled_<impl>``. Otherwise the
-    implementations take turns, ``rounds`` times, and each number is the smallest of its
-    rounds' medians: whatever else the machine does only ever adds time, and taking turns
-    spreads it over both sides (one round of the stored runs once put SDPA's compiled decode
-    at 3.6 ms/token and the next at 2.8).
+    After ``_settle``, eager, the implementations in turns: the prefill ``pairs`` times each
+    (``time_prefills_in_turns``), the decode step by step, ``repeats`` runs of ``new_tokens``
+    steps each (``time_decodes_in_turns``); medians. With ``compiled`` also the compiled
+    prefill (``time_prefills_in_turns(compiled=True)``) and the compiled decode
+    (``time_compiled_decodes_in_turns``, ``compiled_pairs`` turns), columns
+    ``prefill_ms_compiled_<impl>`` and ``decode_ms_compiled_<impl>``.
     """
     rows = []
     prompts = _prompts(model, prompt_lengths, batch)
+    _settle(model, prompts[min(prompts)], implementations)
     for n, ids in prompts.items():  # every eager run first: a compiled run leaves caches behind
         row = {"prompt": n, "batch": batch}
-        for _ in range(rounds):
-            for impl in implementations:
-                model.set_attn_implementation(impl)
-                for key, value in ((f"prefill_ms_{impl}", time_prefill(model, ids)),
-                                   (f"decode_ms_{impl}", time_decode(model, ids, new_tokens))):
-                    row[key] = min(row.get(key, value), value)
+        for impl, value in time_prefills_in_turns(model, ids, implementations, pairs).items():
+            row[f"prefill_ms_{impl}"] = value
+        for impl, value in time_decodes_in_turns(model, ids, implementations, new_tokens,
+                                                 repeats).items():
+            row[f"decode_ms_{impl}"] = value
         print(row, flush=True)
         rows.append(row)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     for row in rows if compiled else []:
+        ids = prompts[row["prompt"]]
         torch._dynamo.reset()
-        prefills = time_compiled_prefills(model, prompts[row["prompt"]], implementations, pairs)
-        for impl, value in prefills.items():
+        for impl, value in time_prefills_in_turns(model, ids, implementations, pairs,
+                                                  compiled=True).items():
             row[f"prefill_ms_compiled_{impl}"] = value
-        for _ in range(rounds):
-            for impl in implementations:
-                model.set_attn_implementation(impl)
-                torch._dynamo.reset()
-                _, value = time_compiled(model, prompts[row["prompt"]], new_tokens,
-                                         prefill=False)
-                key = f"decode_ms_compiled_{impl}"
-                row[key] = min(row.get(key, value), value)
+        torch._dynamo.reset()
+        for impl, value in time_compiled_decodes_in_turns(model, ids, implementations,
+                                                          new_tokens, compiled_pairs).items():
+            row[f"decode_ms_compiled_{impl}"] = value
         print(row, flush=True)
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
     return rows

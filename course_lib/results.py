@@ -639,7 +639,7 @@ def facts() -> dict[str, Fact]:
 
     add("kdoc_dec_graph", "; ".join(
         f"{_shape(r)} {r['ours_graph_us']:.1f} µs"
-        + (f", {r['ours_graph_gbs'] / drop_now['copy_gbs']:.0%} of the copy bandwidth"
+        + (f", {r['ours_graph_gbs'] / drop_now['copy_gbs']:.1%} of the copy bandwidth"
            if r["N"] >= 131072 else "") + f" ({r['sdpa_cudnn_graph_us']:.1f} µs)"
         for r in drop_now["decode"]), f"{src}decode.py",
         "data/dropin.json decode: planned step and SDPA cuDNN, CUDA-graph replays")
@@ -819,7 +819,7 @@ EAGER = "eager, `do_bench` median"
 GRAPH = "CUDA-graph replay, `do_bench` median"
 
 
-TURNS = "the smaller of 2 rounds, the implementations taking turns"
+TURNS = "the implementations taking turns"
 
 
 def readme_measured(f: dict | None = None) -> str:
@@ -875,16 +875,18 @@ def readme_measured(f: dict | None = None) -> str:
          f"SDPA MATH {t('mem_math_peak_gib')}, v2 {t('mem_v2_peak_gib')}"),
         (f"LLaMA 1.24B (bf16, batch 1): prefill, course kernels / SDPA, prompt "
          f"{', '.join(str(p) for p in prompts)}",
-         "eager forward, wall clock, median of 5",
+         "eager forward, wall clock, " + TURNS + " call after call, median of 20 each",
          ", ".join(t(f"llama_prefill_{p}") for p in prompts)),
-        ("the same: decode, per token", "eager greedy loop of 32 tokens, median of 3",
+        ("the same: decode, per token",
+         "eager greedy steps of one token, wall clock, " + TURNS + " step after step, "
+         "median of 96 steps each",
          ", ".join(t(f"llama_decode_{p}") for p in prompts)),
         (f"decode on an {t('drop_gpu')}, B 1–64, N 2k–128k: SDPA cuDNN time / `flash_decode` "
          "time (default arguments)", EAGER, t("drop_eager_ratio_all")),
         ("the same, a planned step (`plan_decode`, `plan.run`)", GRAPH,
          t("drop_graph_ratio_all")),
         (f"host time of one call, GPU idle ({t('drop_gpu')} machine)",
-         "200 calls back to back after a synchronisation, median of 5 rounds",
+         "200 calls back to back after a synchronisation; " + TURNS + ", 7 rounds, median",
          f"planned decode step {t('host_plan')}; `flash_decode` {t('host_decode')} "
          f"({t('host_validate')} with `validate=True`); `flash_attn_v2` at a tiny shape "
          f"{t('host_fa2')}; SDPA at that shape: FLASH {t('host_sdpa_flash')}, cuDNN "
@@ -900,10 +902,10 @@ def readme_measured(f: dict | None = None) -> str:
          ", ".join(t(f"cap_compiled_prefill_{p}") for p in cap_prompts)),
         ("the same: compiled decode, per token",
          "static KV cache, decode step compiled with CUDA graphs (`mode=\"reduce-overhead\"`), "
-         "(33 − 1 tokens) / 32, median of 3; " + TURNS,
+         "(33 − 1 tokens) / 32; " + TURNS + ", median of 5 each",
          ", ".join(t(f"cap_compiled_decode_{p}") for p in cap_prompts)),
         ("the same run, eager: prefill; decode per token",
-         "as the eager rows above; " + TURNS,
+         "as the eager rows above",
          "; ".join(f"{t(f'cap_eager_prefill_{p}')}; {t(f'cap_eager_decode_{p}')}"
                    for p in cap_prompts)),
     ]

@@ -122,6 +122,47 @@ def test_strided_inputs_need_no_copy_to_be_right():
                         attention_same_precision(q, k, v, causal=True), name=impl)
 
 
+def test_output_has_the_layout_of_q_and_inference_stores_no_lse(monkeypatch):
+    """A (B, N, H, D) q seen transposed gets an O of that layout (O.transpose(1, 2) is then
+    contiguous: the model copies nothing); a call without return_lse stores no lse and gives
+    the same O. Every allocation starts as NaN: an element never written would show."""
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: poison_(real_empty(*a, **kw)))
+    B, N, H, H_kv, D = 2, 37, 4, 2, 32
+    q = fresh_randn(B, N, H, D).transpose(1, 2)
+    k, v = (fresh_randn(B, N + 6, H_kv, D).transpose(1, 2) for _ in "kv")
+    ref = attention(q, k, v, causal=True)
+    for impl in IMPLS:
+        o = flash_attn_v2(q, k, v, causal=True, impl=impl)
+        o_lse, lse = flash_attn_v2(q, k, v, causal=True, impl=impl, return_lse=True)
+        assert o.transpose(1, 2).is_contiguous(), impl
+        assert not torch.isnan(o).any() and not torch.isnan(lse).any(), impl
+        assert torch.equal(o, o_lse), impl
+        assert_close_2x(o, ref, attention_same_precision(q, k, v, causal=True), name=impl)
+    assert flash_attn_v2(q.contiguous(), k, v).is_contiguous()  # a contiguous q: contiguous O
+
+
+def test_best_impl_takes_the_hopper_kernel_from_enough_work(monkeypatch):
+    """On an sm_90 GPU: the Hopper kernel from HOPPER_MIN_PAIRS query-key pairs on, for
+    power-of-two head dims from 64 (measured: at B 1, H 32, D 64 the two kernels tie on the GPU
+    at N 2048 and the Hopper one costs the host more; at N 4096 it is the faster)."""
+    from course_lib.ops import attention as oa
+
+    monkeypatch.setattr(oa, "DEVICE", "cuda")
+    monkeypatch.setattr(oa, "IMPLS", ("portable", "hopper"))
+
+    def qkv(N, D, B=1, H=32, H_kv=8):  # expanded views: the shapes, no memory
+        return (torch.empty(1, 1, 1, D).expand(B, H, N, D),
+                torch.empty(1, 1, 1, D).expand(B, H_kv, N, D),
+                torch.empty(1, 1, 1, D).expand(B, H_kv, N, D))
+
+    assert oa.best_impl(*qkv(2048, 64)) == "portable"
+    assert oa.best_impl(*qkv(4096, 64)) == "hopper"
+    assert oa.best_impl(*qkv(1024, 64, B=32)) == "hopper"  # the sweep's B·N = 32k
+    assert oa.best_impl(*qkv(4096, 80)) == "portable"  # not a power of two: padded, portable
+    assert oa.best_impl(*qkv(4096, 32)) == "portable"
+
+
 def test_bad_input_names_the_argument():
     q, k, v = _inputs(1, 2, 2, 16, 16, 64, torch.float16)
     with pytest.raises(ValueError, match="q must have 4 dimensions"):

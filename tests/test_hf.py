@@ -133,6 +133,35 @@ def test_compiled_static_cache_generation_matches_eager(model):
     assert eager_calls == model.config.num_hidden_layers
 
 
+def test_compiled_prefill_runs_the_causal_forward_and_checks_its_mask(model, reference):
+    """torch.compile(fullgraph=True) of a forward with no cache: transformers draws a mask
+    (packed sequences cannot be ruled out in a graph); checked on the device to be the plain
+    causal one, it sends every layer to flash_attn_fwd, the eager prefill's kernel, not to
+    flash_decode. Same logits as eager (2x rule). Position ids that restart (two packed
+    sequences) fail the device-side check (tried on the CPU only)."""
+    ids = _ids(1, 19, seed=8)
+    torch._dynamo.reset()
+    ops_seen = []
+
+    def backend(gm, example_inputs):
+        ops_seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    compiled = torch.compile(model, fullgraph=True, dynamic=False, backend=backend)
+    with torch.inference_mode():
+        got = compiled(ids, use_cache=False).logits
+        want = _logits(reference, "eager", ids, use_cache=False)
+        eager = _logits(model, "sdpa", ids, use_cache=False)
+    assert_close_2x(got, want, eager, name="compiled prefill logits")
+    attention_ops = [op.split(".")[1] for op in ops_seen if op.startswith("course.")]
+    assert attention_ops == ["flash_attn_fwd"] * model.config.num_hidden_layers
+    if DEVICE == "cpu":  # on a GPU a failed device-side assertion ends the CUDA context
+        packed = torch.cat([torch.arange(10), torch.arange(9)])[None].to(DEVICE)
+        with pytest.raises(RuntimeError, match="without padding"), torch.inference_mode():
+            compiled(ids, position_ids=packed, use_cache=False)
+    torch._dynamo.reset()
+
+
 def test_gradients_match_eager(model):
     """With gradients on, every call goes to flash_attn_v2 (differentiable)."""
     ids = _ids(1, 24, seed=4)

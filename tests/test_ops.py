@@ -55,6 +55,27 @@ def test_opcheck_flash_attn_forward_and_backward():
                           (do, q.detach(), k.detach(), v.detach(), o, lse, True, 0.25))
 
 
+def test_opcheck_with_the_layout_transformers_hands_over():
+    """q, k, v as (B, N, H, D) tensors seen transposed: the fake implementations lay O out as
+    the kernels do (as q is), which opcheck compares stride for stride."""
+    B, H, H_kv, N_q, N_k, D = 2, 4, 2, 5, 11, 16
+    q = fresh_randn(B, N_q, H, D).transpose(1, 2).requires_grad_(True)
+    k, v = (fresh_randn(B, N_k, H_kv, D).transpose(1, 2).requires_grad_(True) for _ in "kv")
+    torch.library.opcheck(torch.ops.course.flash_attn_fwd.default,
+                          (q, k, v, True, 0.25, "auto"))
+    o, _ = torch.ops.course.flash_attn_fwd(q.detach(), k.detach(), v.detach(), True, 0.25, "auto")
+    assert o.transpose(1, 2).is_contiguous()
+    q1 = fresh_randn(B, 1, H, D).transpose(1, 2)
+    lens = torch.tensor([11, 4], dtype=torch.int32, device=q.device)
+    torch.library.opcheck(torch.ops.course.flash_decode.default,
+                          (q1, k.detach(), v.detach(), lens, 0, 0.25, []))
+    q3 = fresh_randn(B, 3, H, D).transpose(1, 2)
+    torch.library.opcheck(torch.ops.course.flash_decode.default,
+                          (q3, k.detach(), v.detach(), lens, 0, 0.25, []))
+    o3, _ = torch.ops.course.flash_decode(q3, k.detach(), v.detach(), lens, 0, 0.25, [])
+    assert o3.transpose(1, 2).is_contiguous()
+
+
 def test_opcheck_decode_ops():
     q, k, v, lens = _decode_inputs()
     torch.library.opcheck(torch.ops.course.flash_decode.default, (q, k, v, lens, 0, 0.25, []))

@@ -120,30 +120,49 @@ def decode_rows(shapes=DECODE_SHAPES) -> list[dict]:
     return rows
 
 
+def host_in_turns(fns: dict, backends: dict | None = None, rounds: int = 7) -> dict:
+    """Host µs per call of each of ``fns`` ({name: fn}), GPU idle at the start: the functions
+    take turns, ``rounds`` times, 200 calls each (``host_us``), and each gets the median of its
+    rounds. Turns put the host's drift (seconds long, tens of percent on these machines) on
+    every side alike. ``backends``: {name: SDPA backend} for the SDPA calls."""
+    backends = backends or {}
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            if name in backends:
+                with sdpa_backend(backends[name]):
+                    times[name].append(host_us(fn, rounds=1))
+            else:
+                times[name].append(host_us(fn, rounds=1))
+    return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
 def host_rows() -> dict:
-    """Host µs per call at tiny shapes: flash_attn_v2 (each impl), a planned decode step."""
+    """Host µs per call at tiny shapes, in turns (``host_in_turns``): flash_attn_v2 (each
+    impl), SDPA, a planned decode step, flash_decode."""
     from course_lib.ops import IMPLS, flash_attn_v2, flash_decode, plan_decode
 
-    out = {}
     q = torch.randn(1, 4, 128, 64, device="cuda", dtype=torch.float16)
     k = torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.float16)
     v = torch.randn_like(k)
+    fns, backends = {}, {}
     for impl in (None, *IMPLS):
-        out[f"flash_attn_v2_{impl or 'auto'}_us"] = host_us(
+        fns[f"flash_attn_v2_{impl or 'auto'}_us"] = (
             lambda impl=impl: flash_attn_v2(q, k, v, causal=True, impl=impl))
     for backend, short in (("FLASH_ATTENTION", "flash"), ("CUDNN_ATTENTION", "cudnn")):
-        with sdpa_backend(backend):
-            out[f"sdpa_{short}_us"] = host_us(lambda: F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, enable_gqa=True))
+        fns[f"sdpa_{short}_us"] = lambda: F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=True)
+        backends[f"sdpa_{short}_us"] = backend
     qd = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.float16)
     kd = torch.randn(1, 8, 256, 128, device="cuda", dtype=torch.float16)
     lens = torch.full((1,), 256, dtype=torch.int32, device="cuda")
     plan = plan_decode(qd, kd, kd)
-    out["plan_run_us"] = host_us(lambda: plan.run(qd, kd, kd, lens))
-    out["flash_decode_us"] = host_us(lambda: flash_decode(qd, kd, kd, lens))
-    out["flash_decode_validate_us"] = host_us(lambda: flash_decode(qd, kd, kd, lens,
-                                                                   validate=True))
-    out["empty_kernel_launch_us"] = host_us(lambda: torch.empty(0, device="cuda").zero_())
+    fns["plan_run_us"] = lambda: plan.run(qd, kd, kd, lens)
+    fns["flash_decode_us"] = lambda: flash_decode(qd, kd, kd, lens)
+    fns["flash_decode_validate_us"] = lambda: flash_decode(qd, kd, kd, lens, validate=True)
+    fns["empty_kernel_launch_us"] = lambda: torch.empty(0, device="cuda").zero_()
+    with torch.inference_mode():
+        out = host_in_turns(fns, backends)
     print(out, flush=True)
     return out
 
@@ -283,21 +302,13 @@ def dispatch_rows(rounds: int = 7) -> dict:
         "flash_decode_custom_op_us": lambda: ops.flash_decode(*dec_args),
         "flash_decode_direct_us": lambda: od._flash_decode_op(*dec_args),
     }
-    backends = {name: None for name in fns}
+    backends = {}
     for backend, short in (("FLASH_ATTENTION", "flash"), ("CUDNN_ATTENTION", "cudnn")):
         fns[f"sdpa_{short}_us"] = lambda: F.scaled_dot_product_attention(
             q, k, v, is_causal=True, enable_gqa=True)
         backends[f"sdpa_{short}_us"] = backend
-    times = {name: [] for name in fns}
     with torch.inference_mode():
-        for _ in range(rounds):
-            for name, fn in fns.items():
-                if backends[name] is None:
-                    times[name].append(host_us(fn, rounds=1))
-                else:
-                    with sdpa_backend(backends[name]):
-                        times[name].append(host_us(fn, rounds=1))
-    out = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+        out = host_in_turns(fns, backends, rounds)
     print(out, flush=True)
     return out
 
@@ -337,7 +348,8 @@ def main(argv=None) -> int:
                                    "eager: both sides called eagerly; graph: both sides "
                                    "replayed as CUDA graphs",
                           "host": "CPU time per call, GPU idle: 200 calls back to back after a "
-                                  "synchronisation, median of 5 rounds"},
+                                  "synchronisation; the tiny-shape calls take turns, 7 rounds, "
+                                  "median; the decode rows' host columns, median of 5 rounds"},
               "decode_shape": {"H": H, "H_kv": H_KV, "D": D, "N_q": 1, "dtype": "float16"}}
     result["copy_gbs"] = copy_bandwidth_gbs()
     result["host"] = host_rows()

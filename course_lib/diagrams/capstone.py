@@ -5,17 +5,18 @@ Introduced in notebooks/14_llama_capstone.ipynb (section 6). Drawn from
 course_lib/data/llama.json (written by the notebook's GPU cells, ``course_lib.hf.benchmark``):
 per prompt length, the prefill time (one forward over the prompt) and the decode time per
 generated token, with ``attn_implementation="course_kernels"`` and ``"sdpa"`` on one model with
-the same weights. Both sides use one harness (``HARNESS``: ``hf.time_prefill`` and
-``hf.time_decode``), named in every title. ``slides_capstone_result`` is the same picture drawn
-for a slide (``course_lib.diagrams.slides_style``).
+the same weights. Both sides use one harness (``HARNESS``: ``hf.time_prefills_in_turns``
+and ``hf.time_decodes_in_turns``), named in every title. ``slides_capstone_result`` is the same
+picture drawn for a slide (``course_lib.diagrams.slides_style``).
 """
 from __future__ import annotations
 
 from course_lib.diagrams import slides_style as st
 
-#: How course_lib.hf times both sides (its time_prefill and time_decode, default arguments).
-HARNESS = ("both sides eager PyTorch, wall clock between torch.cuda.synchronize() calls; "
-           "prefill: median of 5 forwards; decode: median of 3 runs of {new_tokens} tokens")
+#: How course_lib.hf.benchmark times both sides (time_prefills_in_turns, time_decodes_in_turns).
+HARNESS = ("both sides eager PyTorch, in turns, wall clock between torch.cuda.synchronize() "
+           "calls; prefill: median of {pairs} forwards; decode: median of {steps} steps of one "
+           "token")
 SIDES = (("course_kernels", "course kernels (flash_attn_v2 + flash_decode)", "#c0392b"),
          ("sdpa", "SDPA (PyTorch)", "#2e86c1"))
 PHASES = (("prefill", "prefill: one forward over the prompt", "ms"),
@@ -68,8 +69,9 @@ def llama_result_figure(result: dict | None = None):
     fig = Figure(figsize=(11, 4.6), layout="constrained")
     axes = _panels(fig, result, fontsize=11)
     axes[0].legend(fontsize=11, loc="upper left", frameon=False)
-    fig.suptitle(_model_line(result) + "\n"
-                 + HARNESS.format(new_tokens=result["new_tokens"]), fontsize=11)
+    harness = HARNESS.format(pairs=result["pairs"], steps=result["decode_steps"])
+    fig.suptitle(_model_line(result) + "\n" + harness.replace("; prefill", ";\nprefill"),
+                 fontsize=11)
     return fig
 
 

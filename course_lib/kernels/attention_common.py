@@ -250,9 +250,25 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype in (torch.float32, torch.float64) else "tf32"
 
 
-def allocate_outputs(q, out=None):
-    """O (B, H, N_q, D) in q's dtype and lse (B, H, N_q) fp32; tests pass NaN-poisoned ``out``."""
+def empty_output(q, empty=None):
+    """O's buffer, shape (B, H, N_q, D) in q's dtype, laid out as q is.
+
+    A q that is a (B, N_q, H, D) tensor seen through ``transpose(1, 2)`` (how transformers and
+    most models hold it) gets an O of that layout too: ``o.transpose(1, 2)`` is then contiguous
+    and the model's next step copies nothing (SDPA's kernels do the same). Any other q gets a
+    contiguous O. ``empty``: the allocator (default ``torch.empty``; tests poison the buffer)."""
+    empty = empty or torch.empty
+    B, H, N_Q, D = q.shape
+    if q.stride() == (N_Q * H * D, D, H * D, 1) and H > 1 and N_Q > 1:
+        return empty((B, N_Q, H, D), device=q.device, dtype=q.dtype).transpose(1, 2)
+    return empty((B, H, N_Q, D), device=q.device, dtype=q.dtype)
+
+
+def allocate_outputs(q, out=None, lse=True):
+    """O (B, H, N_q, D) in q's dtype and layout (``empty_output``) and lse (B, H, N_q) fp32
+    (None with ``lse=False``: a kernel told not to store it); tests pass NaN-poisoned ``out``."""
     if out is not None:
         return out
     B, H, N_Q, D = q.shape
-    return q.new_empty((B, H, N_Q, D)), q.new_empty((B, H, N_Q), dtype=torch.float32)
+    return (empty_output(q),
+            q.new_empty((B, H, N_Q), dtype=torch.float32) if lse else None)

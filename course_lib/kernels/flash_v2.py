@@ -17,10 +17,12 @@ rows.
 
 Memory plan. A program loads its Q tile once and keeps it, the running max m, the running sum l
 and the fp32 accumulator in registers; it streams K and V tiles of BLOCK_N keys (plain pointer
-arithmetic, any stride); it writes O and the lse once. Key blocks come in two stages
-(``_fwd_inner``): those every row sees in full, with no mask, then the diagonal band and the
-ragged end, masked; blocks wholly above the diagonal are never loaded. Per score: one exp2
-(``qk_scale = sm_scale · log2 e``); α rescales only the accumulator; one division at the end.
+arithmetic, any stride); it writes O (at O's strides: the launcher lays O out as q is) and the
+lse once, the lse only with ``STORE_LSE`` (the backward needs it, inference does not). Key
+blocks come in two stages (``_fwd_inner``): those every row sees in full, with no mask, then
+the diagonal band and the ragged end, masked; blocks wholly above the diagonal are never
+loaded. Per score: one exp2 (``qk_scale = sm_scale · log2 e``); α rescales only the
+accumulator; one division at the end.
 
 Head dims: every multiple of 8 from 16 to 256. ``tl.arange`` needs a power of two, so the tiles
 span D rounded up (``HEAD_DIM_PAD``: 80 -> 128) and the columns past D are masked: loaded as 0,
@@ -107,7 +109,7 @@ def _flash_fwd_v2_kernel(
     stride_ob, stride_oh, stride_om,
     qk_scale, H, GROUP, N_Q, N_K, N_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, STORE_LSE: tl.constexpr = True,
 ):
     pid_m, pid_bh, b, h, h_kv = _q_block_program(H, GROUP, CAUSAL)
     start_m = pid_m * BLOCK_M
@@ -146,7 +148,8 @@ def _flash_fwd_v2_kernel(
     o_base = O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :], o.to(O.dtype.element_ty),
              mask=m_ok)
-    tl.store(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
+    if STORE_LSE:  # the backward needs it; inference does not
+        tl.store(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
 
 
 # --------------------------------------------------------------------------------------------
@@ -193,8 +196,9 @@ _portable_tuned = triton.autotune(
 _BOUND: dict = {}
 
 
-def forward_portable(q, k, v, causal, sm_scale, out=None):
+def forward_portable(q, k, v, causal, sm_scale, out=None, store_lse=True):
     """The portable kernel's launcher: (o, lse) of validated inputs (``out``: preallocated).
+    ``store_lse=False``: the kernel stores O alone and lse is None (inference).
 
     A call whose shapes, strides, dtype, device, ``causal`` and ``sm_scale`` equal an earlier
     call's repeats that call's bound launch with the new addresses: the config lookup and the
@@ -202,18 +206,21 @@ def forward_portable(q, k, v, causal, sm_scale, out=None):
     B, H, N_Q, D = q.shape
     H_KV, N_K = k.shape[1], k.shape[2]
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    o, lse = allocate_outputs(q, out)
+    o, lse = allocate_outputs(q, out, store_lse)
+    lse_arg = o if lse is None else lse  # (never written without store_lse)
     sq, sk, sv, so = q.stride(), k.stride(), v.stride(), o.stride()
     sig = ptrs = None  # the interpreter binds nothing
     if not INTERPRET:
-        sig = (q.shape, k.shape, sq, sk, sv, so, q.dtype, causal, sm_scale, q.get_device())
-        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
+        sig = (q.shape, k.shape, sq, sk, sv, so, q.dtype, causal, sm_scale, q.get_device(),
+               store_lse)
+        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse_arg.data_ptr())
         if repeat_bound(_BOUND, sig, ptrs):
             return o, lse
-    args = (q, k, v, o, lse,
+    args = (q, k, v, o, lse_arg,
             sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[1], so[2],
             sm_scale * LOG2E, H, H // H_KV, N_Q, N_K, next_pow2(max(N_Q, N_K)))
-    meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype)}
+    meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype),
+            "STORE_LSE": bool(store_lse)}
     again = launch(_flash_fwd_v2_kernel, _portable_tuned, PORTABLE_CONFIGS,
                    keep_config_for_head_dim, lambda bm: (cdiv(N_Q, bm), B * H), args, meta,
                    args[-1], bind_free=5)

@@ -167,6 +167,7 @@ def _flash_fwd_v2_hopper_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, Q_IN_REGS: tl.constexpr = True,
     ROWSUM_MMA: tl.constexpr = False, PINNED_MAX: tl.constexpr = False,
+    STORE_LSE: tl.constexpr = True,
 ):
     pid_m, pid_bh, b, h, h_kv = _q_block_program(H, GROUP, CAUSAL)
     start_m = pid_m * BLOCK_M
@@ -211,7 +212,8 @@ def _flash_fwd_v2_hopper_kernel(
 
     o, lse = _epilogue(acc, m_i, l_i)
     desc_o.store([b, h, start_m, 0], o.to(desc_o.dtype).reshape(1, 1, BLOCK_M, HEAD_DIM))
-    tl.store(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
+    if STORE_LSE:
+        tl.store(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
 
 
 def _set_block_shapes(nargs):
@@ -322,31 +324,33 @@ def tma_ready(t: torch.Tensor) -> torch.Tensor:
 _BOUND: dict = {}  # launch signature -> the bound launch (course_lib._launch.bind)
 
 
-def forward_hopper(q, k, v, causal, sm_scale, out=None):
-    """Forward on validated inputs with the TMA kernel: (o, lse). Power-of-two head dims only:
-    a TMA tile spans the whole head dim, and ``best_impl`` sends any other to the portable
-    kernel, which pads it."""
+def forward_hopper(q, k, v, causal, sm_scale, out=None, store_lse=True):
+    """Forward on validated inputs with the TMA kernel: (o, lse; None without ``store_lse``).
+    Power-of-two head dims only: a TMA tile spans the whole head dim, and ``best_impl`` sends
+    any other to the portable kernel, which pads it."""
     B, H, N_Q, D = q.shape
     if D & (D - 1):
         raise ValueError(f"the Hopper kernel (impl='hopper') takes power-of-two head dims only, "
                          f"got head dim {D} of q; use impl='portable' (or None)")
     H_KV, N_K = k.shape[1], k.shape[2]
     q, k, v = (tma_ready(t) for t in (q, k, v))
-    o, lse = allocate_outputs(q, out)
-    ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse.data_ptr())
+    o, lse = allocate_outputs(q, out, store_lse)
+    lse_arg = o if lse is None else lse  # (never written without store_lse)
+    ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse_arg.data_ptr())
     # A call shaped like an earlier one repeats its bound launch at the new addresses: no
     # descriptors built on the host, no config lookup, no launch key (course_lib._launch.bind;
     # Triton's launcher still encodes the four TMA descriptors, in C).
     sig = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), o.stride(), q.dtype, causal,
-           sm_scale, q.get_device())
+           sm_scale, q.get_device(), store_lse)
     if repeat_bound(_BOUND, sig, ptrs):
         return o, lse
     # block shapes are placeholders: the autotuner's pre-hook or ``prepare`` below sets them
     descs = [_descriptor(t, 16) for t in (q, k, v, o)]
     named = dict(zip(("desc_q", "desc_k", "desc_v", "desc_o"), descs), HEAD_DIM=D)
-    args = (*descs, lse, sm_scale * LOG2E, 1.0, H, H // H_KV, N_Q, N_K,
+    args = (*descs, lse_arg, sm_scale * LOG2E, 1.0, H, H // H_KV, N_Q, N_K,
             next_pow2(max(N_Q, N_K)))
-    meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype)}
+    meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype),
+            "STORE_LSE": bool(store_lse)}
     again = launch(_flash_fwd_v2_hopper_kernel, _hopper_tuned, HOPPER_CONFIGS,
                    keep_hopper_config, lambda bm: (cdiv(N_Q, bm), B * H), args, meta, args[-1],
                    prepare=lambda blocks: _set_block_shapes({**named, **blocks}), bind_free=5)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from course_lib._device import DEVICE
-from course_lib.kernels.attention_common import AUTOTUNE_MIN_N, MAX_GRID_Y
+from course_lib.kernels.attention_common import MAX_GRID_Y, empty_output
 from course_lib.kernels.flash_bwd import flash_attn_v2_backward
 from course_lib.kernels.flash_v2 import forward_portable
 from course_lib.kernels.flash_v2_hopper import forward_hopper, tma_compatible
@@ -33,34 +33,42 @@ def _available_impls() -> tuple[str, ...]:
 IMPLS = _available_impls()
 
 
+# The Hopper kernel from this much work on: B·H·N_q·N_k query-key pairs (see best_impl).
+HOPPER_MIN_PAIRS = 1 << 28
+
+
 def best_impl(q: torch.Tensor, k: torch.Tensor | None = None,
               v: torch.Tensor | None = None) -> str:
     """The implementation ``impl=None`` picks: the Hopper kernel on sm_90 for power-of-two head
-    dims of 64 and more (its TMA tiles span exactly D) and sequences of ``AUTOTUNE_MIN_N`` keys
-    or queries and more, when every input suits TMA (``tma_compatible``); else the portable one.
-    The measurements behind it: the Hopper kernel is faster on the GPU at every shape of the
-    sweep from D 64 on (course_lib/data/attention_fwd.json), but even its bound launch has
-    Triton's launcher encode four TMA descriptors, so a call at a short length costs the host
-    more than the portable kernel's (course_lib/data/dropin.json, ``host``)."""
+    dims of 64 and more (its TMA tiles span exactly D) and at least ``HOPPER_MIN_PAIRS``
+    query-key pairs (B·H·N_q·N_k), when every input suits TMA (``tma_compatible``); else the
+    portable one. The measurements behind it: the Hopper kernel is faster on the GPU at every
+    shape of the sweep from D 64 on (B·N = 32k: course_lib/data/attention_fwd.json), but even
+    its bound launch has Triton's launcher encode four TMA descriptors, so a call costs the
+    host about 13 µs more. At the capstone's shape (B 1, H 32, H_kv 8, D 64, bf16, causal) on
+    an H100, session 11 (course_lib/data/perf_notes.md): N 2048 (2^27 pairs), GPU 65.9 µs
+    portable and 66.0 µs Hopper, host 19.8 and 33.0 µs; N 4096 (2^29), GPU 201.4 and 177.1 µs."""
     D = q.shape[-1]
-    long_enough = max(q.shape[-2], k.shape[-2] if k is not None else 0) >= AUTOTUNE_MIN_N
+    B, H, N_q = q.shape[0], q.shape[1], q.shape[2]
+    N_k = k.shape[-2] if k is not None else N_q
     if (DEVICE == "cuda" and "hopper" in IMPLS and D >= 64 and D & (D - 1) == 0
-            and long_enough):
+            and B * H * N_q * N_k >= HOPPER_MIN_PAIRS):
         if all(tma_compatible(t) for t in (q, k, v) if t is not None):
             return "hopper"
     return "portable"
 
 
-def _flash_attn_v2_forward(q, k, v, causal, sm_scale, impl=None, out=None):
-    """Forward on validated inputs: returns (o in q's dtype, lse fp32 natural log).
+def _flash_attn_v2_forward(q, k, v, causal, sm_scale, impl=None, out=None, store_lse=True):
+    """Forward on validated inputs: returns (o in q's dtype, lse fp32 natural log); o is laid
+    out as q is (``attention_common.empty_output``), lse is None without ``store_lse``.
 
     ``out`` = (o, lse) preallocated (contiguous) lets tests poison the outputs with NaN first.
     """
     impl = impl or best_impl(q, k, v)
     if impl == "portable":
-        return forward_portable(q, k, v, causal, sm_scale, out)
+        return forward_portable(q, k, v, causal, sm_scale, out, store_lse)
     if impl == "hopper":
-        return forward_hopper(q, k, v, causal, sm_scale, out)
+        return forward_hopper(q, k, v, causal, sm_scale, out, store_lse)
     raise ValueError(f"impl must be None or one of {IMPLS}, got {impl!r}")
 
 
@@ -69,9 +77,12 @@ def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=N
 
     q (B, H, N_q, D); k, v (B, H_kv, N_k, D) with H a multiple of H_kv. ``causal`` is
     bottom-right aligned. Returns O (B, H, N_q, D) in q's dtype, and with ``return_lse`` also the
-    natural-log log-sum-exp (B, H, N_q) in fp32. ``impl`` picks a kernel from ``IMPLS`` (None:
-    the fastest for this GPU). Differentiable when an input requires grad, and traceable by
-    ``torch.compile`` (the operator ``course::flash_attn_fwd``).
+    natural-log log-sum-exp (B, H, N_q) in fp32. O has q's layout: for a q that is a
+    (B, N_q, H, D) tensor seen through ``transpose(1, 2)``, ``O.transpose(1, 2)`` is
+    contiguous. ``impl`` picks a kernel from ``IMPLS`` (None: the fastest for this GPU).
+    Without ``return_lse`` (and no gradient) the kernel stores no lse. Differentiable when an
+    input requires grad, and traceable by ``torch.compile`` (the operator
+    ``course::flash_attn_fwd``).
     """
     D = check_attention_inputs(q, k, v)[-1]
     sm_scale = check_sm_scale(sm_scale, D)
@@ -85,8 +96,9 @@ def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=N
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if needs_grad or torch.compiler.is_compiling():
         o, lse = torch.ops.course.flash_attn_fwd(q, k, v, causal, sm_scale, impl or "auto")
-    else:  # eager, no autograd: the kernel directly, without the dispatcher's host time
-        o, lse = _flash_attn_v2_forward(q, k, v, causal, sm_scale, impl)
+    else:  # eager, no autograd: the kernel directly, without the dispatcher's host time (and
+        # without the lse when it is not asked for: one allocation and one store fewer)
+        o, lse = _flash_attn_v2_forward(q, k, v, causal, sm_scale, impl, store_lse=return_lse)
     return (o, lse) if return_lse else o
 
 
@@ -114,8 +126,8 @@ def _flash_attn_fwd_op(q, k, v, causal, sm_scale, impl):
 
 
 def _flash_attn_fwd_fake(q, k, v, causal, sm_scale, impl):
-    B, H, N_q, D = q.shape
-    return q.new_empty((B, H, N_q, D)), q.new_empty((B, H, N_q), dtype=torch.float32)
+    B, H, N_q, D = q.shape  # O laid out as the kernel lays it out: as q is
+    return empty_output(q), q.new_empty((B, H, N_q), dtype=torch.float32)
 
 
 def _flash_attn_bwd_op(do, q, k, v, o, lse, causal, sm_scale):

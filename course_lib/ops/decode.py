@@ -34,6 +34,7 @@ import torch
 
 from course_lib._launch import hooks_installed, int_classes
 from course_lib.kernels import decode as kd
+from course_lib.kernels.attention_common import empty_output
 from course_lib.validate import (
     check_attention_inputs,
     check_block_table,
@@ -145,12 +146,12 @@ _PLANS: collections.OrderedDict = collections.OrderedDict()
 _MAX_PLANS = 32
 
 
-def _stream_id(device: torch.device) -> int:
-    # Buffers reused by two streams at once would race: each stream gets its own.
-    if device.type != "cuda":
+def _stream_id(device_index: int) -> int:
+    """The current stream of the GPU ``device_index`` (``Tensor.get_device()``; -1: the CPU).
+    Buffers reused by two streams at once would race: each stream gets its own."""
+    if device_index < 0:
         return 0
-    return torch._C._cuda_getCurrentRawStream(device.index if device.index is not None
-                                              else torch.cuda.current_device())
+    return torch._C._cuda_getCurrentRawStream(device_index)
 
 
 def _keep_plan(key, plan) -> None:
@@ -177,10 +178,11 @@ def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_spl
     # kernel is told the true length.
     n_plan = n_max if paged else _length_bucket(n_max)
 
-    out = kd._empty((B, H, N_q, D), device=q.device, dtype=q.dtype)
+    out = empty_output(q, kd._empty)  # laid out as q is: a transposed q's O needs no copy
     lse = kd._empty((B, H, N_q), device=q.device, dtype=torch.float32)
+    dev = q.get_device()  # (an int: cheaper than q.device in a key)
     key = (B, H, H_kv, N_q, D, n_plan, paged, page_size, num_blocks, num_splits,
-           None if cfg is None else tuple(sorted(cfg.items())), q.device, _stream_id(q.device),
+           None if cfg is None else tuple(sorted(cfg.items())), dev, _stream_id(dev),
            reuse)
     plan = _PLANS.get(key)
     if plan is None:
@@ -346,7 +348,7 @@ def _paged_decode_op(q, k_pages, v_pages, block_table, cache_seqlens, num_splits
 
 def _fake_outputs(q, *_):
     B, H, N_q, D = q.shape
-    return q.new_empty((B, H, N_q, D)), q.new_empty((B, H, N_q), dtype=torch.float32)
+    return empty_output(q), q.new_empty((B, H, N_q), dtype=torch.float32)
 
 
 for _name, _impl in (("flash_decode", _flash_decode_op), ("paged_decode", _paged_decode_op)):
@@ -388,7 +390,7 @@ class DecodePlan:
                                  config=cfg, paged=self.paged, page_size=page_size,
                                  num_blocks=num_blocks, merge=merge)
         self.num_splits = self.plan.num_splits
-        self.out = kd._empty((B, H, N_q, D), device=q.device, dtype=q.dtype)
+        self.out = empty_output(q, kd._empty)
         self.lse = kd._empty((B, H, N_q), device=q.device, dtype=torch.float32)
         self._q_stride, self._device_index = tuple(q.stride()), q.get_device()
         self._out_ptrs = (self.out.data_ptr(), self.lse.data_ptr())

@@ -97,13 +97,14 @@ def course_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset
     bidirectional variants), and with a static cache once per step by ``generate``; its result
     goes to every layer. None is returned when the N_q queries are the last N_q of the
     kv_length keys, every key is real (no padding) and the pattern is the standard causal one.
-    Anything else (a static cache, whose keys past the tokens seen so far are empty; padding;
-    packed sequences, which transformers cannot rule out inside a compiled graph; another
-    pattern) is drawn as ``sdpa_mask``'s 4D boolean mask and checked here, once per forward
-    (``_keys_in_use``): a causal mask over the first L_b keys of each sequence becomes L_b, any
-    other raises ``NotImplementedError`` (under ``torch.compile``, a device-side assertion). A
-    compiled prefill with no cache (N_q = N_k, no offsets) whose mask is the plain causal one
-    gets None, as eagerly.
+    With no 2D mask (no padding) and the standard pattern, a cache longer than the tokens
+    seen (a static cache) gets L_b = q_offset + N_q, computed on the device (``_keys_seen``).
+    Anything else (padding; packed sequences, which transformers cannot rule out inside a
+    compiled graph; another pattern) is drawn as ``sdpa_mask``'s 4D boolean mask and checked
+    here, once per forward (``_keys_in_use``): a causal mask over the first L_b keys of each
+    sequence becomes L_b, any other raises ``NotImplementedError`` (under ``torch.compile``, a
+    device-side assertion). A compiled prefill with no cache (N_q = N_k, no offsets) whose mask
+    is the plain causal one gets None, as eagerly.
     This is the manner of transformers' own FlashAttention path, whose mask function hands the
     attention a compact 2D padding mask instead of a 4D one. Eagerly, knowing that there is no
     padding reads the 2D mask back (one synchronisation per forward, as transformers' SDPA path
@@ -120,6 +121,12 @@ def course_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset
         if (attention_mask.ndim == 2 and attention_mask.shape[-1] == kv_length and not compiling
                 and bool(attention_mask.bool().all())):
             return None
+    if plain_pattern and attention_mask is None and not isinstance(kv_offset, torch.Tensor) \
+            and kv_offset == 0:
+        # No padding and the plain pattern: the N_q queries are the last of the q_offset + N_q
+        # tokens seen, so every sequence uses the first L = q_offset + N_q keys. Nothing to
+        # check, and a static cache's offset (a tensor) stays on the device.
+        return _keys_seen(batch_size, q_length, q_offset, kwargs.get("device"))
     if attention_mask is not None and attention_mask.ndim == 2:
         attention_mask = attention_mask.bool()
     kwargs.pop("allow_is_causal_skip", None)
@@ -189,14 +196,35 @@ def _keys_in_use(mask: torch.Tensor, n_q: int, n_k: int):
     return lengths, (lo, hi)
 
 
+def _keys_seen(batch_size: int, n_q: int, q_offset, device) -> torch.Tensor:
+    """L_b = q_offset + N_q for every sequence, as the (B, 1, 1, 1) int32 tensor the layers
+    get. ``generate`` with a static cache asks for a mask eagerly before every step, the
+    compiled ones included, with its position as a tensor: computed on the device, nothing is
+    read back (drawing the 4D mask and checking it launched about twenty small kernels and
+    read the result back, every step)."""
+    global _checked_mask
+    if isinstance(q_offset, torch.Tensor):
+        seen = (q_offset.reshape(-1)[:1] + n_q).to(device=device or q_offset.device,
+                                                   dtype=torch.int32)
+        return seen.view(1, 1, 1, 1).expand(batch_size, 1, 1, 1).contiguous()
+    lengths = torch.full((batch_size, 1, 1, 1), q_offset + n_q, dtype=torch.int32,
+                         device=device)
+    if not torch.compiler.is_compiling():
+        _checked_mask = (None, -1, lengths, (q_offset + n_q,) * 2, weakref.ref(lengths))
+    return lengths
+
+
 def _lengths_range(lengths: torch.Tensor):
     """(min L_b, max L_b) of the key counts ``course_attention_mask`` made: known from its check
-    when eager (no second read back), None under ``torch.compile``."""
+    when eager, or read back once (every layer gets the same tensor); None under
+    ``torch.compile``."""
+    global _checked_mask
     if torch.compiler.is_compiling():
         return None
     if _checked_mask[4] is not None and _checked_mask[4]() is lengths:
         return _checked_mask[3]
-    lo, hi = torch.stack([lengths.min(), lengths.max()]).tolist()  # (a copy, say): read back
+    lo, hi = torch.stack([lengths.min(), lengths.max()]).tolist()  # read back, once per mask
+    _checked_mask = (None, -1, lengths, (lo, hi), weakref.ref(lengths))
     return lo, hi
 
 
@@ -232,7 +260,7 @@ def course_attention_forward(module, query, key, value, attention_mask, scaling=
             raise NotImplementedError("course_kernels: a mask on non-causal attention (padding) "
                                       "is not supported")
         if attention_mask.dtype == torch.int32:  # L_b from course_attention_mask (checked)
-            lengths, length_range = attention_mask, _lengths_range(attention_mask)
+            lengths, length_range = attention_mask, None  # the range: read when needed
         else:  # a mask made elsewhere (a 4D mask passed to the model): checked here
             lengths, length_range = _keys_in_use(attention_mask, n_q, n_k)
         lengths = lengths.view(-1).expand(query.shape[0])  # (B,)
@@ -251,7 +279,8 @@ def course_attention_forward(module, query, key, value, attention_mask, scaling=
             if compiling:
                 raise NotImplementedError("course_kernels: a gradient through a masked "
                                           "(static-cache) attention is not supported")
-            lo, n_used = length_range  # read back once per mask, not once per layer
+            # read back once per mask, not once per layer
+            lo, n_used = length_range or _lengths_range(attention_mask)
             if lo != n_used:
                 raise NotImplementedError(
                     "course_kernels: sequences of different lengths in one prefill (padding) are "

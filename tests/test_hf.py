@@ -200,18 +200,43 @@ def test_mask_function_returns_none_for_plain_causal():
     assert hf._lengths_range(lengths) == (4, 6)  # known from the check: no second read back
 
 
-def test_one_mask_check_per_forward(model, monkeypatch):
-    """A static cache's mask is checked once per forward, not once per layer."""
-    checks = []
-    real = hf._keys_in_use
-    monkeypatch.setattr(hf, "_keys_in_use", lambda *a: checks.append(1) or real(*a))
+def _reads_back(fn, monkeypatch) -> int:
+    """How many times ``fn`` reads tensor values back to the host (``tolist``, ``item``)."""
+    reads = []
+    for name in ("tolist", "item"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name,
+                            lambda self, real=real: reads.append(1) or real(self))
+    try:
+        fn()
+    finally:
+        monkeypatch.undo()
+    return len(reads)
+
+
+def test_static_cache_steps_read_nothing_back(model, monkeypatch):
+    """generate with a static cache asks for the mask before every step, its position a tensor.
+    A decode step gets the key counts made on the device: nothing is read back, in the mask or
+    in any layer. A prefill into the cache reads the key range back once per forward (to cut
+    the cache to the keys in use), not once per layer."""
+    attn = model.model.layers[0].self_attn
+    cfg = model.config
+    H, H_kv, D, N_max = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, 40
+    k, v = (torch.randn(1, H_kv, N_max, D, device=DEVICE) for _ in "kv")
     with torch.inference_mode():
-        ids = _ids(1, 9, seed=3)
-        model.generate(ids, attention_mask=torch.ones_like(ids),
-                       max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0,
-                       cache_implementation="static")
-    assert model.config.num_hidden_layers > 1
-    assert len(checks) == 3, f"{len(checks)} mask checks for 3 forwards"
+        for n_q, offset, reads in ((1, 6, 0), (3, 6, 0), (hf.DECODE_MAX_QUERIES + 4, 0, 1)):
+            q = torch.randn(1, n_q, H, D, device=DEVICE).transpose(1, 2)
+
+            def forward():
+                lengths = hf.course_attention_mask(1, n_q, N_max, device=DEVICE,
+                                                   q_offset=torch.tensor(offset, device=DEVICE))
+                assert lengths.dtype == torch.int32 and lengths.shape == (1, 1, 1, 1)
+                for _ in range(2):  # two layers, one mask
+                    hf.course_attention_forward(attn, q, k, v, lengths, scaling=D ** -0.5)
+                return lengths
+
+            assert _reads_back(forward, monkeypatch) == reads, f"N_q {n_q}"
+            assert forward().view(-1).tolist() == [offset + n_q]
 
 
 def test_padding_is_refused_with_a_clear_error(model):

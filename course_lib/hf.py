@@ -150,9 +150,9 @@ _NOT_CAUSAL_PREFIX = (
     "course_kernels supports causal attention without padding only: this attention mask has "
     "padded tokens, packed sequences or a sliding window. Use attn_implementation='sdpa' for "
     "such batches (or batch sequences of equal length).")
-# the last mask checked eagerly: (weak ref, version, L_b (B,), (min L_b, max L_b)), and the
-# weak ref of that L_b, which course_attention_mask hands every layer
-_checked_mask: tuple = (None, -1, None, None, None)
+# the last mask checked eagerly: (weak ref, version, L_b (B, 1, 1, 1), (min L_b, max L_b)); that
+# L_b is the tensor course_attention_mask hands every layer, so a layer finds its range by identity
+_checked_mask: tuple = (None, -1, None, None)
 
 
 def _version(t: torch.Tensor):
@@ -192,7 +192,7 @@ def _keys_in_use(mask: torch.Tensor, n_q: int, n_k: int):
     if not ok:
         raise NotImplementedError(_NOT_CAUSAL_PREFIX)
     lengths = lengths.view(-1, 1, 1, 1)  # as course_attention_mask hands it to every layer
-    _checked_mask = (weakref.ref(mask), _version(mask), lengths, (lo, hi), weakref.ref(lengths))
+    _checked_mask = (weakref.ref(mask), _version(mask), lengths, (lo, hi))
     return lengths, (lo, hi)
 
 
@@ -210,7 +210,7 @@ def _keys_seen(batch_size: int, n_q: int, q_offset, device) -> torch.Tensor:
     lengths = torch.full((batch_size, 1, 1, 1), q_offset + n_q, dtype=torch.int32,
                          device=device)
     if not torch.compiler.is_compiling():
-        _checked_mask = (None, -1, lengths, (q_offset + n_q,) * 2, weakref.ref(lengths))
+        _checked_mask = (None, -1, lengths, (q_offset + n_q,) * 2)
     return lengths
 
 
@@ -221,10 +221,10 @@ def _lengths_range(lengths: torch.Tensor):
     global _checked_mask
     if torch.compiler.is_compiling():
         return None
-    if _checked_mask[4] is not None and _checked_mask[4]() is lengths:
+    if _checked_mask[2] is lengths:
         return _checked_mask[3]
     lo, hi = torch.stack([lengths.min(), lengths.max()]).tolist()  # read back, once per mask
-    _checked_mask = (None, -1, lengths, (lo, hi), weakref.ref(lengths))
+    _checked_mask = (None, -1, lengths, (lo, hi))
     return lo, hi
 
 
@@ -396,20 +396,6 @@ def static_compile_config(backend: str | None = None):
                            mode="reduce-overhead" if on_gpu else "default")
     config._compile_all_devices = True
     return config
-
-
-@torch.inference_mode()
-def time_prefill(model, input_ids: torch.Tensor, repeats: int = 5) -> float:
-    """Median ms of one forward over the prompt (no cache kept): the prefill."""
-    times = []
-    for r in range(repeats + 1):  # the first run warms up (compiles the kernels)
-        _sync()
-        t0 = time.perf_counter()
-        model(input_ids, use_cache=False, logits_to_keep=1)
-        _sync()
-        if r:
-            times.append((time.perf_counter() - t0) * 1e3)
-    return _median(times)
 
 
 @torch.inference_mode()

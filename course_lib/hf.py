@@ -49,15 +49,16 @@ per-token decode against SDPA. transformers is an optional extra of the course
 Measured speed (course_lib/data/llama.json, drawn by ``course_lib.diagrams.capstone``; NVIDIA
 H100 80GB HBM3, torch 2.11, the 1.24 B-parameter config in bf16, batch 1; both sides timed the
 same way, eager PyTorch, in turns, wall clock between ``torch.cuda.synchronize()`` calls:
-``time_prefills_in_turns`` and ``time_decodes_in_turns`` below): prefill of 8192 tokens 51.4 ms
-with the course kernels against 52.7 ms with SDPA (512 tokens: 10.2 and 10.3 ms); decode
-10.5–12.2 ms per token with the course kernels and 10.3–11.9 ms with SDPA, about the same at
+``time_prefills_in_turns`` and ``time_decodes_in_turns`` below): prefill of 8192 tokens 51.7 ms
+with the course kernels against 52.9 ms with SDPA (512 tokens: 10.4 and 10.3 ms); decode
+10.8–11.6 ms per token with the course kernels and 10.6–11.5 ms with SDPA, about the same at
 512 and at 8192 tokens of context: bound by the host's work per token (launches, Python, the
 cache's copies) more than by the GPU's attention. Compiled, with a static cache and the decode
 step as a CUDA graph (``time_compiled_decodes_in_turns``, ``time_prefills_in_turns`` with
 ``compiled=True``; course_lib/data/capstone_compiled.json, both sides in one run), a token
-takes a fraction of its eager time on both sides; notebooks/14_llama_capstone.ipynb, section 7,
-gives the numbers, generated from that file.
+takes a fraction of its eager time on both sides, and less with the course kernels (2.40
+against 2.69 ms at a 512-token prompt); notebooks/14_llama_capstone.ipynb, section 7, gives
+every number, generated from that file.
 """
 from __future__ import annotations
 
@@ -98,13 +99,15 @@ def course_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset
     goes to every layer. None is returned when the N_q queries are the last N_q of the
     kv_length keys, every key is real (no padding) and the pattern is the standard causal one.
     With no 2D mask (no padding) and the standard pattern, a cache longer than the tokens
-    seen (a static cache) gets L_b = q_offset + N_q, computed on the device (``_keys_seen``).
-    Anything else (padding; packed sequences, which transformers cannot rule out inside a
-    compiled graph; another pattern) is drawn as ``sdpa_mask``'s 4D boolean mask and checked
-    here, once per forward (``_keys_in_use``): a causal mask over the first L_b keys of each
-    sequence becomes L_b, any other raises ``NotImplementedError`` (under ``torch.compile``, a
-    device-side assertion). A compiled prefill with no cache (N_q = N_k, no offsets) whose mask
-    is the plain causal one gets None, as eagerly.
+    seen (a static cache) gets L_b = q_offset + N_q, computed on the device (``_keys_seen``);
+    eagerly, a 2D mask with no padding over exactly the tokens seen gets the same L_b after one
+    read-back of a flag (``_keys_without_padding``). Anything else (padding; packed sequences,
+    which transformers cannot rule out inside a compiled graph; another pattern) is drawn as
+    ``sdpa_mask``'s 4D boolean mask and checked here, once per forward (``_keys_in_use``): a
+    causal mask over the first L_b keys of each sequence becomes L_b, any other raises
+    ``NotImplementedError`` (under ``torch.compile``, a device-side assertion). A compiled
+    prefill with no cache (N_q = N_k, no offsets) whose mask is the plain causal one gets None,
+    as eagerly.
     This is the manner of transformers' own FlashAttention path, whose mask function hands the
     attention a compact 2D padding mask instead of a 4D one. Eagerly, knowing that there is no
     padding reads the 2D mask back (one synchronisation per forward, as transformers' SDPA path
@@ -127,6 +130,12 @@ def course_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset
         # tokens seen, so every sequence uses the first L = q_offset + N_q keys. Nothing to
         # check, and a static cache's offset (a tensor) stays on the device.
         return _keys_seen(batch_size, q_length, q_offset, kwargs.get("device"))
+    if (plain_pattern and not compiling and attention_mask is not None
+            and attention_mask.ndim == 2 and not isinstance(kv_offset, torch.Tensor)
+            and kv_offset == 0):
+        lengths = _keys_without_padding(batch_size, q_length, q_offset, attention_mask)
+        if lengths is not None:
+            return lengths
     if attention_mask is not None and attention_mask.ndim == 2:
         attention_mask = attention_mask.bool()
     kwargs.pop("allow_is_causal_skip", None)
@@ -150,9 +159,23 @@ _NOT_CAUSAL_PREFIX = (
     "course_kernels supports causal attention without padding only: this attention mask has "
     "padded tokens, packed sequences or a sliding window. Use attn_implementation='sdpa' for "
     "such batches (or batch sequences of equal length).")
-# the last mask checked eagerly: (weak ref, version, L_b (B, 1, 1, 1), (min L_b, max L_b)); that
-# L_b is the tensor course_attention_mask hands every layer, so a layer finds its range by identity
+# The last mask checked eagerly: (weak ref to the mask, its version, weak ref to L_b (B, 1, 1, 1),
+# (min L_b, max L_b)). That L_b is the tensor course_attention_mask hands every layer, so a layer
+# finds its range by identity. Weak references: a tensor kept alive here from one ``generate``
+# to the next holds a block of PyTorch's caching allocator, the next static cache's tensors then
+# get other addresses, and a compiled decode step records its CUDA graph anew (its inputs moved).
 _checked_mask: tuple = (None, -1, None, None)
+
+
+def _remember(mask, lengths: torch.Tensor, length_range) -> None:
+    global _checked_mask
+    _checked_mask = (None if mask is None else weakref.ref(mask),
+                     -1 if mask is None else _version(mask), weakref.ref(lengths), length_range)
+
+
+def _remembered_range(lengths: torch.Tensor):
+    ref = _checked_mask[2]
+    return _checked_mask[3] if ref is not None and ref() is lengths else None
 
 
 def _version(t: torch.Tensor):
@@ -170,15 +193,15 @@ def _keys_in_use(mask: torch.Tensor, n_q: int, n_k: int):
     shares it: one synchronisation per forward, not one per layer); under ``torch.compile`` the
     check is a device-side assertion, so the compiled graph reads nothing back.
     """
-    global _checked_mask
     if mask.ndim != 4 or mask.shape[-2:] != (n_q, n_k):
         raise NotImplementedError(
             f"course_kernels: unexpected attention mask of shape {tuple(mask.shape)}; expected "
             f"(B, 1, {n_q}, {n_k})")
     compiling = torch.compiler.is_compiling()
-    if (not compiling and _checked_mask[0] is not None and _checked_mask[0]() is mask
-            and _checked_mask[1] == _version(mask)):
-        return _checked_mask[2], _checked_mask[3]
+    ref_mask, version, ref_lengths, length_range = _checked_mask
+    if (not compiling and ref_mask is not None and ref_mask() is mask
+            and version == _version(mask) and ref_lengths() is not None):
+        return ref_lengths(), length_range
     allowed = mask if mask.dtype == torch.bool else mask == 0
     lengths = allowed[:, 0, -1, :].sum(-1, dtype=torch.int32)  # (B,) keys seen by the last query
     i = torch.arange(n_q, device=mask.device)[:, None]  # (N_q, 1)
@@ -192,7 +215,7 @@ def _keys_in_use(mask: torch.Tensor, n_q: int, n_k: int):
     if not ok:
         raise NotImplementedError(_NOT_CAUSAL_PREFIX)
     lengths = lengths.view(-1, 1, 1, 1)  # as course_attention_mask hands it to every layer
-    _checked_mask = (weakref.ref(mask), _version(mask), lengths, (lo, hi))
+    _remember(mask, lengths, (lo, hi))
     return lengths, (lo, hi)
 
 
@@ -202,7 +225,6 @@ def _keys_seen(batch_size: int, n_q: int, q_offset, device) -> torch.Tensor:
     compiled ones included, with its position as a tensor: computed on the device, nothing is
     read back (drawing the 4D mask and checking it launched about twenty small kernels and
     read the result back, every step)."""
-    global _checked_mask
     if isinstance(q_offset, torch.Tensor):
         seen = (q_offset.reshape(-1)[:1] + n_q).to(device=device or q_offset.device,
                                                    dtype=torch.int32)
@@ -210,7 +232,31 @@ def _keys_seen(batch_size: int, n_q: int, q_offset, device) -> torch.Tensor:
     lengths = torch.full((batch_size, 1, 1, 1), q_offset + n_q, dtype=torch.int32,
                          device=device)
     if not torch.compiler.is_compiling():
-        _checked_mask = (None, -1, lengths, (q_offset + n_q,) * 2)
+        _remember(None, lengths, (q_offset + n_q,) * 2)
+    return lengths
+
+
+def _keys_without_padding(batch_size: int, n_q: int, q_offset, padding_mask: torch.Tensor):
+    """L_b = L for every sequence, as a (B, 1, 1, 1) int32 tensor, if the 2D mask (B, L) has no
+    padding and covers exactly the q_offset + N_q tokens seen; else None (the caller then draws
+    the 4D mask and checks it). Eager only: one read-back, of one flag.
+
+    transformers 5.17's ``generate`` keeps an all-ones 2D mask (5.24 drops it before the first
+    step) and, with a static cache, asks for the mask with it before every step, the compiled
+    ones included. Drawing the 4D mask over the whole cache and checking it took about twenty
+    small kernels and a read-back per token; this is four kernels and a read-back of one flag."""
+    n_seen = padding_mask.shape[-1]
+    if isinstance(q_offset, torch.Tensor):  # a static cache's position, on the device
+        ok = padding_mask.all() & (q_offset.reshape(-1)[0] + n_q == n_seen)
+    elif q_offset + n_q == n_seen:
+        ok = padding_mask.all()
+    else:
+        return None
+    if not ok.item():  # the read-back
+        return None
+    lengths = torch.full((batch_size, 1, 1, 1), n_seen, dtype=torch.int32,
+                         device=padding_mask.device)
+    _remember(None, lengths, (n_seen, n_seen))
     return lengths
 
 
@@ -218,13 +264,13 @@ def _lengths_range(lengths: torch.Tensor):
     """(min L_b, max L_b) of the key counts ``course_attention_mask`` made: known from its check
     when eager, or read back once (every layer gets the same tensor); None under
     ``torch.compile``."""
-    global _checked_mask
     if torch.compiler.is_compiling():
         return None
-    if _checked_mask[2] is lengths:
-        return _checked_mask[3]
+    known = _remembered_range(lengths)
+    if known is not None:
+        return known
     lo, hi = torch.stack([lengths.min(), lengths.max()]).tolist()  # read back, once per mask
-    _checked_mask = (None, -1, lengths, (lo, hi))
+    _remember(None, lengths, (lo, hi))
     return lo, hi
 
 

@@ -95,6 +95,32 @@ def test_a_growing_cache_keeps_its_plan(monkeypatch):
         64, 64, 128, 2048, 2304, 2304, 2560]
 
 
+def test_an_lse_not_returned_goes_to_the_plans_buffer(monkeypatch):
+    """Without ``return_lse`` an eager call allocates only its output: the lse it must write
+    goes to a buffer of the plan. With it, the lse is a new tensor every call."""
+    B, H, H_kv, D, n = 2, 4, 2, 32, 37
+    k, v = fresh_randn(B, H_kv, n, D), fresh_randn(B, H_kv, n, D)
+    _poison_kernel_outputs(monkeypatch)
+    allocated = []
+    poisoned_empty = dec._empty
+    monkeypatch.setattr(dec, "_empty", lambda shape, **kw: allocated.append(tuple(shape))
+                        or poisoned_empty(shape, **kw))
+    for num_splits in (1, 3):
+        for step in range(2):
+            q = fresh_randn(B, H, 1, D)
+            allocated.clear()
+            o = flash_decode(q, k, v, num_splits=num_splits)
+            # the output every call; an lse-shaped buffer only once, for the plan
+            assert allocated.count((B, H, 1, D)) == 1
+            assert allocated.count((B, H, 1)) == (step == 0), allocated
+            allocated.clear()
+            o2, lse = flash_decode(q, k, v, num_splits=num_splits, return_lse=True)
+            assert allocated == [(B, H, 1, D), (B, H, 1)]
+            _check(o2, lse, q, k, v, None, f"{num_splits} splits")
+            assert torch.equal(o, o2)
+            assert lse.data_ptr() != opd._PLANS[next(reversed(opd._PLANS))].lse_scratch.data_ptr()
+
+
 @pytest.mark.parametrize("block_size", [16, 5])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", CASES, ids=_case_id)

@@ -6,6 +6,7 @@ flash_decode, chunked prefill and multi-token decode against a cache, a static c
 and the clear errors for what the kernels cannot do (padding, sliding windows, dropout).
 """
 import copy
+import weakref
 
 import pytest
 import torch
@@ -237,6 +238,46 @@ def test_static_cache_steps_read_nothing_back(model, monkeypatch):
 
             assert _reads_back(forward, monkeypatch) == reads, f"N_q {n_q}"
             assert forward().view(-1).tolist() == [offset + n_q]
+
+
+def test_a_2d_mask_without_padding_is_one_flag_read_back(monkeypatch):
+    """transformers 5.17's generate keeps an all-ones 2D mask and, with a static cache, asks
+    for the mask with it before every step. With no padding over exactly the tokens seen, the
+    key counts come from one read-back of a flag, and the 4D mask is never drawn."""
+    from unittest import mock
+
+    n_max = 40
+    for q_offset in (6, torch.tensor([6], device=DEVICE)):
+        for n_q in (1, 3):
+            seen = torch.ones(2, 6 + n_q, dtype=torch.bool, device=DEVICE)
+
+            def step():
+                return hf.course_attention_mask(2, n_q, n_max, q_offset=q_offset,
+                                                attention_mask=seen, device=DEVICE)
+
+            with mock.patch.object(hf, "sdpa_mask", side_effect=AssertionError("drawn")):
+                assert _reads_back(step, monkeypatch) == 1
+                lengths = step()
+            assert lengths.dtype == torch.int32 and lengths.shape == (2, 1, 1, 1)
+            assert lengths.view(-1).tolist() == [6 + n_q] * 2
+            assert hf._lengths_range(lengths) == (6 + n_q, 6 + n_q)  # no second read-back
+            # nothing kept alive once the model lets go: a tensor held from one generate to the
+            # next moves the next static cache in memory, and a compiled step records anew
+            gone = weakref.ref(lengths)
+            del lengths
+            assert gone() is None
+    # left padding in one sequence: drawn, checked and refused
+    padded = torch.ones(2, 7, dtype=torch.bool, device=DEVICE)
+    padded[1, :2] = False
+    with pytest.raises(NotImplementedError, match="without padding"):
+        hf.course_attention_mask(2, 1, n_max, q_offset=torch.tensor([6], device=DEVICE),
+                                 attention_mask=padded, device=DEVICE)
+    # a mask as long as the cache (zeros for the keys not written yet): drawn and checked
+    used = torch.zeros(2, n_max, dtype=torch.bool, device=DEVICE)
+    used[:, :7] = True
+    lengths = hf.course_attention_mask(2, 1, n_max, q_offset=6, attention_mask=used,
+                                       device=DEVICE)
+    assert lengths.view(-1).tolist() == [7, 7]
 
 
 def test_padding_is_refused_with_a_clear_error(model):

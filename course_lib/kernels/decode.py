@@ -41,11 +41,11 @@ validated functions are ``course_lib.ops.flash_decode`` and ``paged_decode``.
 
 Speed (N_q 1, H 32, H_kv 8, D 128, fp16; ``do_bench`` median, L2 flushed; both sides in one run;
 course_lib/data/dropin.json) on an NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0,
-2026-11-27. Planned step as a CUDA graph, against SDPA cuDNN's graph: B 1, N 4k 16.6 µs (18.9
-µs); B 1, N 128k 194.3 µs, 91.5% of the copy bandwidth (193.0 µs); B 8, N 4k 63.1 µs (63.9 µs);
-B 64, N 2k 190.0 µs (190.9 µs). ``flash_decode`` eagerly, default arguments: 19.5, 196.4,
-64.5, 189.2 µs (cuDNN 19.5, 193.6, 63.6, 190.1 µs). Host time of a planned step, GPU idle:
-10 µs. On an NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-24 (decode.json):
+2026-11-27. Planned step as a CUDA graph, against SDPA cuDNN's graph: B 1, N 4k 16.7 µs (18.9
+µs); B 1, N 128k 194.0 µs, 91.7% of the copy bandwidth (192.9 µs); B 8, N 4k 63.1 µs (63.8 µs);
+B 64, N 2k 190.7 µs (190.8 µs). ``flash_decode`` eagerly, default arguments: 20.2, 195.4, 64.4,
+190.5 µs (cuDNN 19.6, 193.6, 63.7, 190.0 µs). Host time of a planned step, GPU idle: 13 µs.
+NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-24 (decode.json):
 paged_decode / flash_decode latency 1.02–1.07× at every shape. Configs and merges measured:
 course_lib/data/decode_sweep.json; the story: course_lib/data/perf_notes.md.
 """
@@ -403,9 +403,9 @@ class SplitPlan:
     o_part: torch.Tensor | None  # None with one split (no scratch)
     lse_part: torch.Tensor | None
     arrived: torch.Tensor | None
-    # (signature, launch) of ``flash_decode``'s last eager call with this plan: the split
-    # kernel bound to every argument but its addresses (kept here: it writes into our buffers)
+    # (signature, launch): the split kernel of the last eager call, bound to all but addresses
     bound: tuple | None = None
+    lse_scratch: torch.Tensor | None = None  # the lse of eager calls that do not return it
 
 
 def make_plan(B: int, H: int, H_kv: int, N_q: int, D: int, n_max: int, device, *,

@@ -161,9 +161,11 @@ def _keep_plan(key, plan) -> None:
 
 
 def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_splits,
-            sm_scale, cfg, paged, reuse=True):
+            sm_scale, cfg, paged, reuse=True, need_lse=True):
     """Launch on checked inputs; returns a new (out, lse).
 
+    ``need_lse=False`` (an eager call that does not return it): the lse goes to a buffer of
+    the plan, reused, and is not to be kept.
     ``reuse``: keep the split buffers per shape and stream (eager calls). The operators pass
     False: under torch.compile's CUDA graphs every allocation must belong to the graph's own
     memory pool, and a buffer kept alive between calls would not. A plan of one split holds no
@@ -179,7 +181,6 @@ def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_spl
     n_plan = n_max if paged else _length_bucket(n_max)
 
     out = empty_output(q, kd._empty)  # laid out as q is: a transposed q's O needs no copy
-    lse = kd._empty((B, H, N_q), device=q.device, dtype=torch.float32)
     dev = q.get_device()  # (an int: cheaper than q.device in a key)
     key = (B, H, H_kv, N_q, D, n_plan, paged, page_size, num_blocks, num_splits,
            None if cfg is None else tuple(sorted(cfg.items())), dev, _stream_id(dev),
@@ -194,8 +195,15 @@ def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_spl
         if reuse or plan.num_splits == 1:
             _keep_plan(key, plan)
         else:  # an operator's plan with buffers: used for this call only
+            lse = kd._empty((B, H, N_q), device=q.device, dtype=torch.float32)
             kd.run_plan(plan, q, k, v, seqlens, block_table, sm_scale, out, lse, n_max=n_max)
             return out, lse
+    if need_lse or not reuse:
+        lse = kd._empty((B, H, N_q), device=q.device, dtype=torch.float32)
+    else:  # an allocation fewer per call
+        lse = plan.lse_scratch
+        if lse is None:
+            lse = plan.lse_scratch = kd._empty((B, H, N_q), device=q.device, dtype=torch.float32)
     # The launch bound by the last call with this plan is repeated when everything but the
     # addresses, the cache's strides and its length is as it was, and those have the
     # specialization classes they had (what the compiled kernel depends on): dtype, scale,
@@ -272,7 +280,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm
                                                num_splits or 0, sm_scale, _config_list(cfg))
     else:
         o, lse = _decode(q, k_cache, v_cache, cache_seqlens, None, N_max, 1, 1, num_splits,
-                         sm_scale, cfg, paged=False)
+                         sm_scale, cfg, paged=False, need_lse=return_lse)
     return (o, lse) if return_lse else o
 
 
@@ -306,7 +314,7 @@ def paged_decode(q, k_pages, v_pages, block_table, cache_seqlens, num_splits=Non
                                                num_splits or 0, sm_scale, _config_list(cfg))
     else:
         o, lse = _decode(q, k_pages, v_pages, cache_seqlens, block_table, capacity, block_size,
-                         num_blocks, num_splits, sm_scale, cfg, paged=True)
+                         num_blocks, num_splits, sm_scale, cfg, paged=True, need_lse=return_lse)
     return (o, lse) if return_lse else o
 
 

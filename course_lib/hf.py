@@ -42,9 +42,11 @@ show that the decode steps of ``generate`` really went through ``flash_decode``;
 graph shows its kernels as ``course.flash_decode`` nodes instead.
 
 The rest are the capstone's helpers: configs (a small one for the CPU, ~1B parameters for a
-GPU), a random-weight model, greedy decoding with a cache, and the GPU timing of prefill and
-per-token decode against SDPA. transformers is an optional extra of the course
-(``pip install -e ".[hf]"``); nothing is downloaded: every model here is built from a config.
+GPU), a random-weight model, greedy decoding with a cache, the GPU timing of prefill and
+per-token decode against SDPA, and the stored runs (``python -m course_lib.hf [--compiled]``
+writes course_lib/data/llama.json or capstone_compiled.json). transformers is an optional
+extra of the course (``pip install -e ".[hf]"``); nothing is downloaded: every model here is
+built from a config.
 
 Measured speed (course_lib/data/llama.json, drawn by ``course_lib.diagrams.capstone``; NVIDIA
 H100 80GB HBM3, torch 2.11, the 1.24 B-parameter config in bf16, batch 1; both sides timed the
@@ -63,6 +65,7 @@ every number, generated from that file.
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
 import weakref
 
@@ -639,3 +642,119 @@ def benchmark(model, prompt_lengths=(512, 2048, 8192), batch: int = 1, new_token
         print(row, flush=True)
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
     return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# the stored runs: llama.json and capstone_compiled.json (python -m course_lib.hf [--compiled])
+# ---------------------------------------------------------------------------------------------
+
+CONFIG_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+               "head_dim", "vocab_size")
+
+
+def config_record(config) -> dict:
+    """The model's shape as the stored results record it."""
+    return {k: getattr(config, k) for k in CONFIG_KEYS}
+
+
+def decode_step_rows(n_ks=(2048, 8192, 32768)) -> list[dict]:
+    """One decode step's attention at the 1B model's shape (B 1, H 32, H_kv 8, D 64, bf16):
+    ``flash_decode``, ``flash_attn_v2`` with the one query row, and SDPA, all eager,
+    ``do_bench`` median; µs and the KV cache's bytes per second."""
+    from course_lib.bench.common import median_ms
+
+    rows = []
+    for n_k in n_ks:
+        q = torch.randn(1, 32, 1, 64, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(1, 8, n_k, 64, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        kv_bytes = 2 * k.numel() * k.element_size()
+        row = {"N_k": n_k}
+        for name, fn in (
+                ("flash_decode", lambda: flash_decode(q, k, v)),
+                ("flash_attn_v2", lambda: flash_attn_v2(q, k, v, causal=True)),
+                ("sdpa", lambda: torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, enable_gqa=True))):
+            ms = median_ms(fn)
+            row[f"{name}_us"] = ms * 1e3
+            row[f"{name}_GB/s"] = kv_bytes / (ms * 1e-3) / 1e9
+        rows.append(row)
+    return rows
+
+
+def llama_result(model, prompt_lengths=(512, 2048, 8192), new_tokens: int = 32) -> dict:
+    """What course_lib/data/llama.json holds: ``benchmark``'s eager rows (prefill and decode,
+    the two attentions in turns) and ``decode_step_rows``."""
+    rows = benchmark(model, prompt_lengths=prompt_lengths, batch=1, new_tokens=new_tokens)
+    return {"config": config_record(model.config), "parameters": n_parameters(model),
+            "dtype": "bfloat16", "batch": 1, "new_tokens": new_tokens, "pairs": 20,
+            "decode_steps": 3 * new_tokens, "rows": rows, "decode_step": decode_step_rows()}
+
+
+@contextlib.contextmanager
+def count_graph_recordings(model):
+    """Count, by the model's attention implementation at the time, the CUDA graphs that
+    torch.compile's CUDA-graph trees record inside the block; yields a Counter (left empty
+    where this PyTorch has no such method). One graph per side and prompt length is the floor;
+    each one more means that a step's inputs moved, and its recording lands in the time per
+    token. This wraps the recording method: the trees' debug log would say why, but it
+    formats a reason on every failed check, a cost on every step."""
+    counts: collections.Counter = collections.Counter()
+    try:
+        from torch._inductor import cudagraph_trees as trees
+        manager = trees.CUDAGraphTreeManager
+        record = manager.record_function
+    except (ImportError, AttributeError):
+        yield counts
+        return
+
+    def counted(self, *args, **kwargs):
+        counts[model.config._attn_implementation] += 1
+        return record(self, *args, **kwargs)
+
+    manager.record_function = counted
+    try:
+        yield counts
+    finally:
+        manager.record_function = record
+
+
+def compiled_result(model, prompt_lengths=(512, 2048), new_tokens: int = 32) -> dict:
+    """What course_lib/data/capstone_compiled.json holds: ``benchmark(compiled=True)`` (eager,
+    then a compiled prefill and ``generate``'s compiled decode with CUDA graphs) and the CUDA
+    graphs each side recorded."""
+    with count_graph_recordings(model) as recordings:
+        rows = benchmark(model, prompt_lengths=prompt_lengths, new_tokens=new_tokens,
+                         compiled=True)
+    return {"config": config_record(model.config), "parameters": n_parameters(model),
+            "dtype": "bfloat16", "batch": 1, "new_tokens": new_tokens, "pairs": 20,
+            "decode_steps": 3 * new_tokens, "compiled_pairs": 5, "rows": rows,
+            "cuda_graph_recordings": dict(recordings)}
+
+
+def main(argv=None) -> int:
+    """python -m course_lib.hf [--compiled] [--out DIR]: the capstone's GPU runs without
+    Jupyter (notebook 14 calls the same functions when it runs on a GPU)."""
+    import argparse
+
+    from course_lib.bench.common import DATA_DIR, require_gpu, save_result
+
+    parser = argparse.ArgumentParser(prog="python -m course_lib.hf")
+    parser.add_argument("--compiled", action="store_true",
+                        help="eager and compiled at 512 and 2048 tokens: capstone_compiled.json "
+                             "(default: eager at 512, 2048, 8192 tokens: llama.json)")
+    parser.add_argument("--out", default=str(DATA_DIR), help="directory of the JSON file")
+    args = parser.parse_args(argv)
+    require_gpu("the LLaMA benchmark")
+    model = make_llama(llama_1b_config(), dtype=torch.bfloat16)
+    if args.compiled:
+        result, name = compiled_result(model), "capstone_compiled"
+        print("CUDA graphs recorded:", result["cuda_graph_recordings"])
+    else:
+        result, name = llama_result(model), "llama"
+    print(f"wrote {save_result(name, result, args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

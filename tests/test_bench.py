@@ -106,35 +106,10 @@ def test_commands_need_a_gpu(monkeypatch):
     import course_lib
 
     monkeypatch.setattr(course_lib, "DEVICE", "cpu")
-    for subject in ("attention", "hbm", "llama"):
+    for subject in ("attention", "hbm"):
         with pytest.raises(SystemExit, match="needs a CUDA GPU"):
             bench_main([subject, "--quick"] if subject == "attention" else [subject])
 
-
-def test_graph_recordings_are_counted_by_attention_and_the_hook_restored(monkeypatch):
-    """The capstone counts the CUDA graphs each side records: a wrapper around the CUDA-graph
-    trees' recording method, put back afterwards (even when the block raises)."""
-    from types import SimpleNamespace
-
-    from torch._inductor import cudagraph_trees as trees
-
-    from course_lib.bench import llama as bl
-
-    recorded = []
-    monkeypatch.setattr(trees.CUDAGraphTreeManager, "record_function",
-                        lambda self, *a: recorded.append(a) or "graph")
-    stub = trees.CUDAGraphTreeManager.record_function
-    model = SimpleNamespace(config=SimpleNamespace(_attn_implementation="course_kernels"))
-    with bl.count_graph_recordings(model) as counts:
-        assert trees.CUDAGraphTreeManager.record_function(None, 1, 2) == "graph"
-        model.config._attn_implementation = "sdpa"
-        trees.CUDAGraphTreeManager.record_function(None, 3, 4)
-        trees.CUDAGraphTreeManager.record_function(None, 5, 6)
-    assert dict(counts) == {"course_kernels": 1, "sdpa": 2} and len(recorded) == 3
-    assert trees.CUDAGraphTreeManager.record_function is stub
-    with pytest.raises(RuntimeError), bl.count_graph_recordings(model):
-        raise RuntimeError("a failed benchmark")
-    assert trees.CUDAGraphTreeManager.record_function is stub
 
 
 NCU_CSV = """==PROF== Connected to process 4242 (/usr/bin/python3.12)

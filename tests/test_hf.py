@@ -344,3 +344,37 @@ def test_exercise_checker():
 
     for wrong in (stub, no_transpose, top_left, lambda *a, **k: None):
         assert not ex.check_attention_function(wrong)
+
+
+def test_graph_recordings_are_counted_by_attention_and_the_hook_restored(monkeypatch):
+    """The capstone counts the CUDA graphs each side records: a wrapper around the CUDA-graph
+    trees' recording method, put back afterwards (even when the block raises)."""
+    from types import SimpleNamespace
+
+    from torch._inductor import cudagraph_trees as trees
+
+    recorded = []
+    monkeypatch.setattr(trees.CUDAGraphTreeManager, "record_function",
+                        lambda self, *a: recorded.append(a) or "graph")
+    stub = trees.CUDAGraphTreeManager.record_function
+    model = SimpleNamespace(config=SimpleNamespace(_attn_implementation="course_kernels"))
+    with hf.count_graph_recordings(model) as counts:
+        assert trees.CUDAGraphTreeManager.record_function(None, 1, 2) == "graph"
+        model.config._attn_implementation = "sdpa"
+        trees.CUDAGraphTreeManager.record_function(None, 3, 4)
+        trees.CUDAGraphTreeManager.record_function(None, 5, 6)
+    assert dict(counts) == {"course_kernels": 1, "sdpa": 2} and len(recorded) == 3
+    assert trees.CUDAGraphTreeManager.record_function is stub
+    with pytest.raises(RuntimeError), hf.count_graph_recordings(model):
+        raise RuntimeError("a failed benchmark")
+    assert trees.CUDAGraphTreeManager.record_function is stub
+
+
+def test_the_stored_runs_need_a_gpu(monkeypatch):
+    import course_lib
+
+    monkeypatch.setattr(course_lib, "DEVICE", "cpu")
+    for argv in ([], ["--compiled"]):
+        with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+            hf.main(argv)
+

@@ -1,11 +1,11 @@
-"""python -m course_lib.bench {attention,decode,dropin,llama,matmul,hbm,memory,hopper} [options]
+"""python -m course_lib.bench {attention,decode,dropin,matmul,hbm,memory,hopper} [options]
 
 Each subject lives in its own module (course_lib/bench/<subject>.py) with a ``main(argv)``.
 """
 import importlib
 import sys
 
-SUBJECTS = ("attention", "decode", "dropin", "llama", "matmul", "hbm", "memory", "hopper")
+SUBJECTS = ("attention", "decode", "dropin", "matmul", "hbm", "memory", "hopper")
 
 
 def main(argv=None) -> int:

@@ -13,8 +13,8 @@ called eagerly, and the merge kernel used inside CUDA-graph captures: ``kernels.
   makes no device→host synchronisation. A length outside the cache or a block id outside the
   pool cannot make the kernel read outside memory (it clamps them); ``validate=True`` checks
   them and raises a ``ValueError`` that names the argument, at the cost of a synchronisation.
-  Called eagerly, the split buffers are kept per shape and stream and reused; the output is
-  new each call.
+  Called eagerly, the split buffers (and the lse, unless it is returned) are kept per shape and
+  stream and reused; the output is new each call.
 * ``torch.ops.course.flash_decode`` and ``torch.ops.course.paged_decode``: the same, as
   ``torch.library`` custom operators with fake implementations. The functions go through them
   when ``torch.compile`` traces, so a compiled decode step keeps the kernels in its graph (and

@@ -247,7 +247,7 @@ def _keys_without_padding(batch_size: int, n_q: int, q_offset, padding_mask: tor
     transformers 5.17's ``generate`` keeps an all-ones 2D mask (5.24 drops it before the first
     step) and, with a static cache, asks for the mask with it before every step, the compiled
     ones included. Drawing the 4D mask over the whole cache and checking it took about twenty
-    small kernels and a read-back per token; this is four kernels and a read-back of one flag."""
+    small kernels and a read-back per token; this is at most five and a read-back of one flag."""
     n_seen = padding_mask.shape[-1]
     if isinstance(q_offset, torch.Tensor):  # a static cache's position, on the device
         ok = padding_mask.all() & (q_offset.reshape(-1)[0] + n_q == n_seen)

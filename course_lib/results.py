@@ -835,7 +835,8 @@ def readme_measured(f: dict | None = None) -> str:
     envs = sorted({environment_line(load_result(n)) for n in
                    ("attention_fwd", "attention_bwd", "decode", "hbm", "matmul", "memory",
                     "llama", "dropin", "capstone_compiled")})
-    cap_prompts = [r["prompt"] for r in load_result("capstone_compiled")["rows"]]
+    cap = load_result("capstone_compiled")
+    cap_prompts = [r["prompt"] for r in cap["rows"]]
     shape = (f"B·N = {fwd['tokens'] // 1024}k, H·D = {fwd['hidden']}, fp16; "
              f"forward FLOPs {fwd['flops_formula']}")
     prompts = [r["prompt"] for r in llama["rows"]]
@@ -875,11 +876,11 @@ def readme_measured(f: dict | None = None) -> str:
          f"SDPA MATH {t('mem_math_peak_gib')}, v2 {t('mem_v2_peak_gib')}"),
         (f"LLaMA 1.24B (bf16, batch 1): prefill, course kernels / SDPA, prompt "
          f"{', '.join(str(p) for p in prompts)}",
-         "eager forward, wall clock, " + TURNS + " call after call, median of 20 each",
+         f"eager forward, wall clock, {TURNS} call after call, median of {llama['pairs']} each",
          ", ".join(t(f"llama_prefill_{p}") for p in prompts)),
         ("the same: decode, per token",
-         "eager greedy steps of one token, wall clock, " + TURNS + " step after step, "
-         "median of 96 steps each",
+         f"eager greedy steps of one token, wall clock, {TURNS} step after step, median of "
+         f"{llama['decode_steps']} steps each",
          ", ".join(t(f"llama_decode_{p}") for p in prompts)),
         (f"decode on an {t('drop_gpu')}, B 1–64, N 2k–128k: SDPA cuDNN time / `flash_decode` "
          "time (default arguments)", EAGER, t("drop_eager_ratio_all")),
@@ -898,11 +899,12 @@ def readme_measured(f: dict | None = None) -> str:
         (f"LLaMA 1.24B on an {t('cap_gpu')}, course kernels / SDPA, prompt "
          f"{', '.join(str(p) for p in cap_prompts)}: compiled prefill",
          "`torch.compile(fullgraph=True)`, one compiled model, the implementations called in "
-         "turn 20 times, median",
+         f"turn {cap['pairs']} times, median",
          ", ".join(t(f"cap_compiled_prefill_{p}") for p in cap_prompts)),
         ("the same: compiled decode, per token",
          "static KV cache, decode step compiled with CUDA graphs (`mode=\"reduce-overhead\"`), "
-         "(33 − 1 tokens) / 32; " + TURNS + ", median of 5 each",
+         f"({cap['new_tokens'] + 1} − 1 tokens) / {cap['new_tokens']}; {TURNS}, median of "
+         f"{cap['compiled_pairs']} each",
          ", ".join(t(f"cap_compiled_decode_{p}") for p in cap_prompts)),
         ("the same run, eager: prefill; decode per token",
          "as the eager rows above",

@@ -20,6 +20,7 @@ Three measurements, each with one harness for both sides (course kernels and PyT
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 
@@ -129,12 +130,32 @@ def host_in_turns(fns: dict, backends: dict | None = None, rounds: int = 7) -> d
     times = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            if name in backends:
-                with sdpa_backend(backends[name]):
-                    times[name].append(host_us(fn, rounds=1))
-            else:
+            with sdpa_backend(backends[name]) if name in backends else contextlib.nullcontext():
                 times[name].append(host_us(fn, rounds=1))
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
+
+
+def _tiny_inputs():
+    """The host rows' shapes, small enough that the GPU never holds the host back: q, k, v of a
+    forward (B 1, H 4, H_kv 2, N 128, D 64) and qd, kd, lens of a decode step (H 32, H_kv 8,
+    256 cached keys, D 128), fp16."""
+    q = torch.randn(1, 4, 128, 64, device="cuda", dtype=torch.float16)
+    k = torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.float16)
+    v = torch.randn_like(k)
+    qd = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.float16)
+    kd = torch.randn(1, 8, 256, 128, device="cuda", dtype=torch.float16)
+    lens = torch.full((1,), 256, dtype=torch.int32, device="cuda")
+    return q, k, v, qd, kd, lens
+
+
+def _sdpa_host_fns(q, k, v) -> tuple[dict, dict]:
+    """({name: SDPA call}, {name: its backend}) for ``host_in_turns``: FLASH and cuDNN."""
+    fns, backends = {}, {}
+    for backend, short in (("FLASH_ATTENTION", "flash"), ("CUDNN_ATTENTION", "cudnn")):
+        fns[f"sdpa_{short}_us"] = lambda: F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=True)
+        backends[f"sdpa_{short}_us"] = backend
+    return fns, backends
 
 
 def host_rows() -> dict:
@@ -142,20 +163,12 @@ def host_rows() -> dict:
     impl), SDPA, a planned decode step, flash_decode."""
     from course_lib.ops import IMPLS, flash_attn_v2, flash_decode, plan_decode
 
-    q = torch.randn(1, 4, 128, 64, device="cuda", dtype=torch.float16)
-    k = torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.float16)
-    v = torch.randn_like(k)
-    fns, backends = {}, {}
-    for impl in (None, *IMPLS):
-        fns[f"flash_attn_v2_{impl or 'auto'}_us"] = (
-            lambda impl=impl: flash_attn_v2(q, k, v, causal=True, impl=impl))
-    for backend, short in (("FLASH_ATTENTION", "flash"), ("CUDNN_ATTENTION", "cudnn")):
-        fns[f"sdpa_{short}_us"] = lambda: F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=True)
-        backends[f"sdpa_{short}_us"] = backend
-    qd = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.float16)
-    kd = torch.randn(1, 8, 256, 128, device="cuda", dtype=torch.float16)
-    lens = torch.full((1,), 256, dtype=torch.int32, device="cuda")
+    q, k, v, qd, kd, lens = _tiny_inputs()
+    fns = {f"flash_attn_v2_{impl or 'auto'}_us":
+           lambda impl=impl: flash_attn_v2(q, k, v, causal=True, impl=impl)
+           for impl in (None, *IMPLS)}
+    sdpa, backends = _sdpa_host_fns(q, k, v)
+    fns |= sdpa
     plan = plan_decode(qd, kd, kd)
     fns["plan_run_us"] = lambda: plan.run(qd, kd, kd, lens)
     fns["flash_decode_us"] = lambda: flash_decode(qd, kd, kd, lens)
@@ -287,12 +300,7 @@ def dispatch_rows(rounds: int = 7) -> dict:
         torch.library.custom_op(f"{lib}::flash_decode", dec, mutates_args=()) \
             .register_fake(od._fake_outputs)
     ops = getattr(torch.ops, lib)
-    q = torch.randn(1, 4, 128, 64, device="cuda", dtype=torch.float16)
-    k = torch.randn(1, 2, 128, 64, device="cuda", dtype=torch.float16)
-    v = torch.randn_like(k)
-    qd = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.float16)
-    kd = torch.randn(1, 8, 256, 128, device="cuda", dtype=torch.float16)
-    lens = torch.full((1,), 256, dtype=torch.int32, device="cuda")
+    q, k, v, qd, kd, lens = _tiny_inputs()
     fwd_args, dec_args = (q, k, v, True, 0.125, "auto"), (qd, kd, kd, lens, 0, 128 ** -0.5, [])
     fns = {
         "flash_attn_fwd_library_us": lambda: torch.ops.course.flash_attn_fwd(*fwd_args),
@@ -302,11 +310,8 @@ def dispatch_rows(rounds: int = 7) -> dict:
         "flash_decode_custom_op_us": lambda: ops.flash_decode(*dec_args),
         "flash_decode_direct_us": lambda: od._flash_decode_op(*dec_args),
     }
-    backends = {}
-    for backend, short in (("FLASH_ATTENTION", "flash"), ("CUDNN_ATTENTION", "cudnn")):
-        fns[f"sdpa_{short}_us"] = lambda: F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=True)
-        backends[f"sdpa_{short}_us"] = backend
+    sdpa, backends = _sdpa_host_fns(q, k, v)
+    fns |= sdpa
     with torch.inference_mode():
         out = host_in_turns(fns, backends, rounds)
     print(out, flush=True)

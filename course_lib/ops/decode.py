@@ -185,25 +185,26 @@ def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_spl
     key = (B, H, H_kv, N_q, D, n_plan, paged, page_size, num_blocks, num_splits,
            None if cfg is None else tuple(sorted(cfg.items())), dev, _stream_id(dev),
            reuse)
-    plan = _PLANS.get(key)
+    plan, once = _PLANS.get(key), False
     if plan is None:
         # a plan made for one call knows whether it is being captured (no counters to zero)
         merge = "auto" if reuse else "kernel" if kd.capturing() else "fused"
         plan = kd.make_plan(B, H, H_kv, N_q, D, n_plan, q.device, num_splits=num_splits,
                             config=cfg, paged=paged, page_size=page_size, num_blocks=num_blocks,
                             merge=merge)
-        if reuse or plan.num_splits == 1:
+        once = not reuse and plan.num_splits > 1  # an operator's plan with buffers: this call's
+        if not once:
             _keep_plan(key, plan)
-        else:  # an operator's plan with buffers: used for this call only
-            lse = kd._empty((B, H, N_q), device=q.device, dtype=torch.float32)
-            kd.run_plan(plan, q, k, v, seqlens, block_table, sm_scale, out, lse, n_max=n_max)
-            return out, lse
-    if need_lse or not reuse:
+    scratch = reuse and not need_lse  # the lse goes to a buffer of the plan
+    if scratch and plan.lse_scratch is not None:
+        lse = plan.lse_scratch  # an allocation fewer per call
+    else:
         lse = kd._empty((B, H, N_q), device=q.device, dtype=torch.float32)
-    else:  # an allocation fewer per call
-        lse = plan.lse_scratch
-        if lse is None:
-            lse = plan.lse_scratch = kd._empty((B, H, N_q), device=q.device, dtype=torch.float32)
+        if scratch:
+            plan.lse_scratch = lse
+    if once:
+        kd.run_plan(plan, q, k, v, seqlens, block_table, sm_scale, out, lse, n_max=n_max)
+        return out, lse
     # The launch bound by the last call with this plan is repeated when everything but the
     # addresses, the cache's strides and its length is as it was, and those have the
     # specialization classes they had (what the compiled kernel depends on): dtype, scale,

@@ -232,11 +232,7 @@ def _keys_seen(batch_size: int, n_q: int, q_offset, device) -> torch.Tensor:
         seen = (q_offset.reshape(-1)[:1] + n_q).to(device=device or q_offset.device,
                                                    dtype=torch.int32)
         return seen.view(1, 1, 1, 1).expand(batch_size, 1, 1, 1).contiguous()
-    lengths = torch.full((batch_size, 1, 1, 1), q_offset + n_q, dtype=torch.int32,
-                         device=device)
-    if not torch.compiler.is_compiling():
-        _remember(None, lengths, (q_offset + n_q,) * 2)
-    return lengths
+    return _all_lengths(batch_size, q_offset + n_q, device)
 
 
 def _keys_without_padding(batch_size: int, n_q: int, q_offset, padding_mask: torch.Tensor):
@@ -257,9 +253,15 @@ def _keys_without_padding(batch_size: int, n_q: int, q_offset, padding_mask: tor
         return None
     if not ok.item():  # the read-back
         return None
-    lengths = torch.full((batch_size, 1, 1, 1), n_seen, dtype=torch.int32,
-                         device=padding_mask.device)
-    _remember(None, lengths, (n_seen, n_seen))
+    return _all_lengths(batch_size, n_seen, padding_mask.device)
+
+
+def _all_lengths(batch_size: int, n: int, device) -> torch.Tensor:
+    """L_b = n for every sequence, (B, 1, 1, 1) int32; eagerly, its range (n, n) is remembered
+    for the layers (``_lengths_range``)."""
+    lengths = torch.full((batch_size, 1, 1, 1), n, dtype=torch.int32, device=device)
+    if not torch.compiler.is_compiling():
+        _remember(None, lengths, (n, n))
     return lengths
 
 
@@ -536,22 +538,6 @@ def _prompts(model, prompt_lengths, batch: int) -> dict:
             .to(model.device) for n in prompt_lengths}
 
 
-def compiled_prefill_rows(model, prompt_lengths=(512, 2048), pairs: int = 20) -> list[dict]:
-    """The compiled prefill alone, the course's attention against SDPA, for each prompt length
-    (``time_prefills_in_turns``: one compiled model, the two called in turn ``pairs`` times)."""
-    rows = []
-    for n, ids in _prompts(model, prompt_lengths, 1).items():
-        torch._dynamo.reset()
-        t = time_prefills_in_turns(model, ids, (ATTN_IMPLEMENTATION, "sdpa"), pairs,
-                                   compiled=True)
-        rows.append({"prompt": n, "batch": 1, "pairs": pairs,
-                     f"prefill_ms_compiled_{ATTN_IMPLEMENTATION}": t[ATTN_IMPLEMENTATION],
-                     "prefill_ms_compiled_sdpa": t["sdpa"]})
-        print(rows[-1], flush=True)
-    model.set_attn_implementation(ATTN_IMPLEMENTATION)
-    return rows
-
-
 def _generate_ms(model, input_ids: torch.Tensor, new_tokens: int, config) -> float:
     """Wall ms of one greedy ``generate`` of ``new_tokens`` tokens with a static cache and the
     compiled decode step of ``config``."""
@@ -657,6 +643,14 @@ def config_record(config) -> dict:
     return {k: getattr(config, k) for k in CONFIG_KEYS}
 
 
+def _run_record(model, new_tokens: int) -> dict:
+    """What both stored runs say of the model and of ``benchmark``'s defaults (20 prefills
+    each, 3 runs of ``new_tokens`` decode steps)."""
+    return {"config": config_record(model.config), "parameters": n_parameters(model),
+            "dtype": "bfloat16", "batch": 1, "new_tokens": new_tokens, "pairs": 20,
+            "decode_steps": 3 * new_tokens}
+
+
 def decode_step_rows(n_ks=(2048, 8192, 32768)) -> list[dict]:
     """One decode step's attention at the 1B model's shape (B 1, H 32, H_kv 8, D 64, bf16):
     ``flash_decode``, ``flash_attn_v2`` with the one query row, and SDPA, all eager,
@@ -686,9 +680,7 @@ def llama_result(model, prompt_lengths=(512, 2048, 8192), new_tokens: int = 32) 
     """What course_lib/data/llama.json holds: ``benchmark``'s eager rows (prefill and decode,
     the two attentions in turns) and ``decode_step_rows``."""
     rows = benchmark(model, prompt_lengths=prompt_lengths, batch=1, new_tokens=new_tokens)
-    return {"config": config_record(model.config), "parameters": n_parameters(model),
-            "dtype": "bfloat16", "batch": 1, "new_tokens": new_tokens, "pairs": 20,
-            "decode_steps": 3 * new_tokens, "rows": rows, "decode_step": decode_step_rows()}
+    return {**_run_record(model, new_tokens), "rows": rows, "decode_step": decode_step_rows()}
 
 
 @contextlib.contextmanager
@@ -726,9 +718,7 @@ def compiled_result(model, prompt_lengths=(512, 2048), new_tokens: int = 32) -> 
     with count_graph_recordings(model) as recordings:
         rows = benchmark(model, prompt_lengths=prompt_lengths, new_tokens=new_tokens,
                          compiled=True)
-    return {"config": config_record(model.config), "parameters": n_parameters(model),
-            "dtype": "bfloat16", "batch": 1, "new_tokens": new_tokens, "pairs": 20,
-            "decode_steps": 3 * new_tokens, "compiled_pairs": 5, "rows": rows,
+    return {**_run_record(model, new_tokens), "compiled_pairs": 5, "rows": rows,
             "cuda_graph_recordings": dict(recordings)}
 
 

@@ -61,7 +61,9 @@ def _specialization(args) -> list:
     # tests ``type(a) is int`` first: ``isinstance(a, torch.Tensor)`` goes through the tensor
     # metaclass's __instancecheck__ and costs several times more.
     # An integer counts by the classes Triton specializes it on (equal to 1, a multiple of 16,
-    # 32 or 64 bits), not by its value: a cache that grows by a token keeps its key.
+    # 32 or 64 bits), not by its value: a cache that grows by a token keeps its key. That
+    # tuple is ``int_classes``'s, written out here (a call per argument would cost every
+    # launch): the two must stay equal, or a bound launch would take a value it cannot.
     return [(a == 1, not a & 15, -0x80000000 <= a <= 0x7FFFFFFF) if type(a) is int else
             (a.dtype, a.get_device(), not a.data_ptr() & 15) if isinstance(a, torch.Tensor)
             else (float if type(a) is float else

@@ -778,7 +778,7 @@ def facts() -> dict[str, Fact]:
                             ("decode", "flash_decode_us", everywhere),
                             ("sdpa_cudnn", "sdpa_cudnn_us", everywhere),
                             ("validate", "flash_decode_validate_us", lesson_readme),
-                            ("fa2", "flash_attn_v2_portable_us", lesson_readme),
+                            ("fa2", "flash_attn_v2_auto_us", lesson_readme),
                             ("fa2_hopper", "flash_attn_v2_hopper_us", lesson),
                             ("sdpa_flash", "sdpa_flash_us", lesson_readme),
                             ("empty", "empty_kernel_launch_us", lesson)):

@@ -356,6 +356,8 @@ def test_fast_launch_equals_tritons_own_launch(monkeypatch):
     assert len(_launch._CACHE) == 2  # the split kernel again, for the misaligned q
     qf, kf, vf = _qkv(B=1, H=4, H_kv=2, N_q=70, N_k=70, D=64, dtype=torch.float16)
     attn_fast = [ops.flash_attn_v2(qf, kf, vf, causal=True, impl="portable") for _ in range(2)]
+    # impl None at this size: the portable kernel, then its remembered bound launch
+    attn_fast += [ops.flash_attn_v2(qf, kf, vf, causal=True) for _ in range(3)]
     # a cache that grows by a token per call (new tensor, new strides): one plan, one bound
     # launch given the new strides and length
     growing = [torch.randn(1, 8, n, 128, device=q.device, dtype=q.dtype)
@@ -364,7 +366,10 @@ def test_fast_launch_equals_tritons_own_launch(monkeypatch):
     grown = [ops.flash_decode(q1, kg, kg) for kg in growing]
     launches = {id(p.bound[1]) for p in opd._PLANS.values() if p.B == 1}
     assert len(launches) == 1, "the growing cache was bound more than once"
+    assert len(opd._REPEATS) >= 2  # (q, k, v) and a growing cache's keys: repeated launches
     monkeypatch.setattr(_launch, "FAST", False)
+    monkeypatch.setattr(opd, "_REPEATS", {})  # (remembered launches, made fast: forgotten)
+    monkeypatch.setattr(ops.attention, "_CHECKED", {})
     for kg, o in zip(growing, grown):
         torch.testing.assert_close(o, ops.flash_decode(q1, kg, kg), rtol=0, atol=0)
     slow = ops.flash_decode(q, k, v, cache_seqlens=lens)
@@ -533,3 +538,113 @@ def test_bound_launch_cache_of_the_forward_kernels():
     assert len(bound) == 1024
     keep_bound(bound, "new", calls.append, aligned)
     assert list(bound) == ["new"]
+
+
+# ---------------------------------------------------------------------------------------------
+# a call shaped like an earlier one skips the checks (the host time of a model's layers)
+# ---------------------------------------------------------------------------------------------
+
+def test_a_decode_call_shaped_like_an_earlier_one_repeats_its_bound_launch(monkeypatch):
+    """flash_decode's repeat (ops.decode._Repeat), on any machine: a stand-in for the bound
+    split kernel records the launches. The second call with the same shapes, strides, dtypes,
+    devices, scale and lengths' layout makes no checks and hands the launch the new addresses;
+    anything else, and bad input, goes the checked way."""
+    from course_lib.kernels import decode as kd
+
+    launched = []
+    monkeypatch.setattr(kd, "run_plan", lambda *a, **kw: [lambda *p: launched.append(p)])
+    monkeypatch.setattr(opd, "_PLANS", type(opd._PLANS)())
+    monkeypatch.setattr(opd, "_REPEATS", {})
+    checks = []
+    real_check = opd._check_cache
+    monkeypatch.setattr(opd, "_check_cache", lambda *a: checks.append(1) or real_check(*a))
+    B, H, H_kv, D, N = 1, 4, 2, 16, 40
+    q = fresh_randn(B, 1, H, D).transpose(1, 2)  # as transformers hands it over
+    k, v = fresh_randn(B, H_kv, N, D), fresh_randn(B, H_kv, N, D)
+    ops.flash_decode(q, k, v, sm_scale=0.25)
+    assert len(checks) == 1 and len(opd._REPEATS) == 1
+    q2, k2, v2 = q.clone(), k.clone(), v.clone()  # (clone keeps q's layout)
+    o = ops.flash_decode(q2, k2, v2, sm_scale=0.25)
+    assert len(checks) == 1, "the repeated call was checked again"
+    assert o.shape == (B, H, 1, D) and o.dtype == q.dtype
+    p = launched[-1]
+    assert p[:6] == (q2.data_ptr(), k2.data_ptr(), v2.data_ptr(), q2.data_ptr(),
+                     q2.data_ptr(), o.data_ptr())
+    assert p[7:] == (*k2.stride()[:3], *v2.stride()[:3], N)  # the cache's geometry, its length
+    # Another scale, a longer cache, int64 lengths: the checked way (and remembered anew,
+    # but int64 lengths, which are converted on every call).
+    ops.flash_decode(q, k, v, sm_scale=0.5)
+    longer = fresh_randn(B, H_kv, N + 1, D)
+    ops.flash_decode(q, longer, longer, sm_scale=0.25)
+    lens64 = torch.full((B,), 7, dtype=torch.int64, device=q.device)
+    ops.flash_decode(q, k, v, lens64, sm_scale=0.25)
+    ops.flash_decode(q, k, v, lens64, sm_scale=0.25)
+    assert len(checks) == 5 and len(opd._REPEATS) == 3
+    # Bad input with a remembered call's shapes is still refused, naming the argument.
+    ops.flash_decode(q, k, v, sm_scale=1.0)
+    with pytest.raises(TypeError, match="sm_scale"):
+        ops.flash_decode(q, k, v, sm_scale=True)  # True == 1.0, but not a scale
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        ops.flash_decode(q.tolist(), k, v)
+    # A profiler hook, a replaced or cleared plan cache: the checked way again.
+    n = len(checks)
+    monkeypatch.setattr(opd, "hooks_installed", lambda: True)
+    ops.flash_decode(q, k, v, sm_scale=0.25)
+    monkeypatch.setattr(opd, "hooks_installed", lambda: False)
+    monkeypatch.setattr(opd, "_PLANS", type(opd._PLANS)())
+    ops.flash_decode(q, k, v, sm_scale=0.25)
+    ops.flash_decode(q, k, v, sm_scale=0.25)
+    assert len(checks) == n + 2  # the second call repeated the launch of the new plan
+    opd._PLANS.clear()  # forgets the repeats made with its plans
+    assert not opd._REPEATS
+    ops.flash_decode(q, k, v, sm_scale=0.25)
+    assert len(checks) == n + 3
+
+
+def test_a_forward_call_shaped_like_an_earlier_one_skips_the_checks(monkeypatch):
+    """flash_attn_v2's remembered checks (ops.attention._CHECKED; the GPU's, turned on here):
+    same answer, checked once; bad input and calls that need the autograd or the lse still go
+    the checked way."""
+    from course_lib.ops import attention as oa
+    from course_lib.reference import attention
+
+    monkeypatch.setattr(oa, "_REMEMBER", True)
+    monkeypatch.setattr(oa, "_CHECKED", {})
+    checks = []
+    real_check = oa.check_attention_inputs
+    monkeypatch.setattr(oa, "check_attention_inputs",
+                        lambda *a: checks.append(1) or real_check(*a))
+    q, k, v = _qkv(N_q=7, N_k=7)
+    first = ops.flash_attn_v2(q, k, v, causal=True)
+    q2, k2, v2 = (fresh_randn(*t.shape) for t in (q, k, v))
+    again = ops.flash_attn_v2(q2, k2, v2, causal=True)
+    assert len(checks) == 1
+    for o, (a, b, c) in ((first, (q, k, v)), (again, (q2, k2, v2))):
+        torch.testing.assert_close(o, attention(a, b, c, causal=True).to(o.dtype),
+                                   rtol=1e-4, atol=1e-4)
+    with pytest.raises(TypeError, match="causal"):
+        ops.flash_attn_v2(q, k, v, causal=1)  # 1 == True, but not a bool
+    with pytest.raises(ValueError, match="impl"):
+        ops.flash_attn_v2(q, k, v, causal=True, impl=["portable"])  # unhashable, and no impl
+    o, lse = ops.flash_attn_v2(q, k, v, causal=True, return_lse=True)
+    assert lse.shape == (2, 4, 7)
+    ops.flash_attn_v2(q, k, v, causal=True, impl="portable")
+    ops.flash_attn_v2(q2, k2, v2, causal=True, impl="portable")  # remembered with its impl
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    ops.flash_attn_v2(qg, kg, vg, causal=True).sum().backward()
+    assert qg.grad is not None and torch.isfinite(qg.grad).all()
+    assert len(checks) == 6
+    # On the GPU the portable kernel's launch is bound (a stand-in here): a remembered call is
+    # an allocation, laid out as q is, and that launch with the new addresses.
+    launched = []
+    monkeypatch.setattr(oa, "bound_launch", lambda *a: lambda *p: launched.append(p))
+    monkeypatch.setattr(oa, "_CHECKED", {})
+    qt = fresh_randn(2, 7, 4, 16).transpose(1, 2)  # (B, H, N, D) seen through a transpose
+    ops.flash_attn_v2(qt, k, v, causal=True)
+    o = ops.flash_attn_v2(qt, k2, v2, causal=True)
+    assert launched == [(qt.data_ptr(), k2.data_ptr(), v2.data_ptr(), o.data_ptr(),
+                         o.data_ptr())]
+    assert o.shape == qt.shape and o.transpose(1, 2).is_contiguous()
+    monkeypatch.setattr(oa, "hooks_installed", lambda: True)  # a profiler: Triton launches
+    ops.flash_attn_v2(qt, k2, v2, causal=True)
+    assert len(launched) == 1 and len(checks) == 8

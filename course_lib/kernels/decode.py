@@ -41,10 +41,10 @@ validated functions are ``course_lib.ops.flash_decode`` and ``paged_decode``.
 
 Speed (N_q 1, H 32, H_kv 8, D 128, fp16; ``do_bench`` median, L2 flushed; both sides in one run;
 course_lib/data/dropin.json) on an NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0,
-2026-11-27. Planned step as a CUDA graph, against SDPA cuDNN's graph: B 1, N 4k 16.7 µs (18.9
-µs); B 1, N 128k 194.0 µs, 91.7% of the copy bandwidth (192.9 µs); B 8, N 4k 63.1 µs (63.8 µs);
-B 64, N 2k 190.7 µs (190.8 µs). ``flash_decode`` eagerly, default arguments: 20.2, 195.4, 64.4,
-190.5 µs (cuDNN 19.6, 193.6, 63.7, 190.0 µs). Host time of a planned step, GPU idle: 13 µs.
+2026-11-27. Planned step as a CUDA graph, against SDPA cuDNN's graph: B 1, N 4k 16.7 µs (19.0
+µs); B 1, N 128k 194.0 µs, 91.7% of the copy bandwidth (192.9 µs); B 8, N 4k 63.1 µs (63.5 µs);
+B 64, N 2k 190.8 µs (190.7 µs). ``flash_decode`` eagerly, default arguments: 19.6, 196.0, 64.5,
+190.7 µs (cuDNN 19.9, 193.6, 63.6, 190.5 µs). Host time of a planned step, GPU idle: 13 µs.
 NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-24 (decode.json):
 paged_decode / flash_decode latency 1.02–1.07× at every shape. Configs and merges measured:
 course_lib/data/decode_sweep.json; the story: course_lib/data/perf_notes.md.

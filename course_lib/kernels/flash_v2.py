@@ -196,6 +196,20 @@ _portable_tuned = triton.autotune(
 _BOUND: dict = {}
 
 
+def _signature(q, k, v, o, causal, sm_scale, store_lse) -> tuple:
+    """What a bound launch of the portable kernel depends on besides the addresses."""
+    return (q.shape, k.shape, q.stride(), k.stride(), v.stride(), o.stride(), q.dtype, causal,
+            sm_scale, q.get_device(), store_lse)
+
+
+def bound_launch(q, k, v, o, causal, sm_scale):
+    """The launch that ``forward_portable(q, k, v, causal, sm_scale, store_lse=False)`` kept
+    for tensors with these shapes, strides, dtype and device (``o``: its output), or None.
+    ``again(q, k, v, o, o)``, given the addresses of new such tensors, 16-byte aligned, is
+    that call on them (lse not stored), when no profiler hooks are installed."""
+    return _BOUND.get(_signature(q, k, v, o, causal, sm_scale, False))
+
+
 def forward_portable(q, k, v, causal, sm_scale, out=None, store_lse=True):
     """The portable kernel's launcher: (o, lse) of validated inputs (``out``: preallocated).
     ``store_lse=False``: the kernel stores O alone and lse is None (inference).
@@ -211,8 +225,7 @@ def forward_portable(q, k, v, causal, sm_scale, out=None, store_lse=True):
     sq, sk, sv, so = q.stride(), k.stride(), v.stride(), o.stride()
     sig = ptrs = None  # the interpreter binds nothing
     if not INTERPRET:
-        sig = (q.shape, k.shape, sq, sk, sv, so, q.dtype, causal, sm_scale, q.get_device(),
-               store_lse)
+        sig = _signature(q, k, v, o, causal, sm_scale, store_lse)
         ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse_arg.data_ptr())
         if repeat_bound(_BOUND, sig, ptrs):
             return o, lse

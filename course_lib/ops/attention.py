@@ -9,15 +9,17 @@ directions with ``torch.library`` as the custom operators ``course::flash_attn_f
 ``torch.compile(fullgraph=True)`` traces through them, and the forward's autograd formula calls
 the backward operator, saving q, k, v, O and the lse (never P). An eager call with no gradient to
 take skips the dispatcher and launches the kernel directly: the same function, less host time.
+On the GPU such a call, shaped like an earlier one, skips the checks too (``_CHECKED``).
 """
 from __future__ import annotations
 
 import torch
 
 from course_lib._device import DEVICE
+from course_lib._launch import hooks_installed
 from course_lib.kernels.attention_common import MAX_GRID_Y, empty_output
 from course_lib.kernels.flash_bwd import flash_attn_v2_backward
-from course_lib.kernels.flash_v2 import forward_portable
+from course_lib.kernels.flash_v2 import bound_launch, forward_portable
 from course_lib.kernels.flash_v2_hopper import forward_hopper, tma_compatible
 from course_lib.validate import check_attention_inputs, check_sm_scale
 
@@ -84,6 +86,22 @@ def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=N
     input requires grad, and traceable by ``torch.compile`` (the operator
     ``course::flash_attn_fwd``).
     """
+    checked_key = None
+    if _REMEMBER and not torch.compiler.is_compiling() and not return_lse:
+        try:
+            checked_key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+                           q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
+                           v.get_device(), type(causal), causal, type(sm_scale), sm_scale,
+                           impl, not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15)
+            forward = _CHECKED.get(checked_key)
+        except (AttributeError, TypeError):  # not a tensor, an unhashable argument: the checks
+            checked_key = None  # below name it
+        else:
+            if forward is not None and not (torch.is_grad_enabled() and (
+                    q.requires_grad or k.requires_grad or v.requires_grad)):
+                o = forward(q, k, v)
+                if o is not None:
+                    return o
     D = check_attention_inputs(q, k, v)[-1]
     sm_scale = check_sm_scale(sm_scale, D)
     if impl is not None and impl not in IMPLS:
@@ -98,8 +116,59 @@ def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=N
         o, lse = torch.ops.course.flash_attn_fwd(q, k, v, causal, sm_scale, impl or "auto")
     else:  # eager, no autograd: the kernel directly, without the dispatcher's host time (and
         # without the lse when it is not asked for: one allocation and one store fewer)
+        impl = impl or best_impl(q, k, v)  # (best_impl reads the alignment, a key's last item)
         o, lse = _flash_attn_v2_forward(q, k, v, causal, sm_scale, impl, store_lse=return_lse)
+        if checked_key is not None:
+            if len(_CHECKED) >= 256:
+                _CHECKED.clear()
+            again = bound_launch(q, k, v, o, causal, sm_scale) if impl == "portable" else None
+            _CHECKED[checked_key] = (_Checked(_FORWARDS[impl], causal, sm_scale) if again is None
+                                     else _Bound(again, o))
     return (o, lse) if return_lse else o
+
+
+class _Checked:
+    """The forward of checked inputs: ``self(q, k, v)`` is O (no lse)."""
+
+    __slots__ = ("forward", "causal", "sm_scale")
+
+    def __init__(self, forward, causal, sm_scale):
+        self.forward, self.causal, self.sm_scale = forward, causal, sm_scale
+
+    def __call__(self, q, k, v):
+        return self.forward(q, k, v, self.causal, self.sm_scale, None, False)[0]
+
+
+class _Bound:
+    """The portable kernel's bound launch (``flash_v2.bound_launch``): ``self(q, k, v)`` is O,
+    an allocation and one call into Triton's C launcher; None when profiler hooks are on."""
+
+    __slots__ = ("again", "shape", "transposed", "dtype", "device")
+
+    def __init__(self, again, o):
+        self.again, self.transposed = again, not o.is_contiguous()  # empty_output's layout
+        self.shape = tuple(o.transpose(1, 2).shape if self.transposed else o.shape)
+        self.dtype, self.device = o.dtype, o.device
+
+    def __call__(self, q, k, v):
+        if hooks_installed():
+            return None
+        o = torch.empty(self.shape, device=self.device, dtype=self.dtype)
+        if self.transposed:
+            o = o.transpose(1, 2)
+        p = o.data_ptr()
+        self.again(q.data_ptr(), k.data_ptr(), v.data_ptr(), p, p)
+        return o
+
+
+# Eager calls on the GPU without lse whose inputs have the shapes, strides, dtypes, devices and
+# 16-byte alignment of an earlier call's, with the same causal, sm_scale and impl arguments, pass
+# the same checks and take the same kernel: they go straight to it (a ``_Bound`` launch of the
+# portable kernel, else a ``_Checked`` call; lesson 12, section 8.3). Not on the CPU, where a
+# meta tensor has a CPU tensor's device index; the interpreter's time dwarfs the checks' there.
+_REMEMBER = DEVICE == "cuda"
+_CHECKED: dict = {}
+_FORWARDS = {"portable": forward_portable, "hopper": forward_hopper}
 
 
 # ---------------------------------------------------------------------------------------------

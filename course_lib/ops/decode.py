@@ -14,7 +14,9 @@ called eagerly, and the merge kernel used inside CUDA-graph captures: ``kernels.
   pool cannot make the kernel read outside memory (it clamps them); ``validate=True`` checks
   them and raises a ``ValueError`` that names the argument, at the cost of a synchronisation.
   Called eagerly, the split buffers (and the lse, unless it is returned) are kept per shape and
-  stream and reused; the output is new each call.
+  stream and reused; the output is new each call. A call with default arguments shaped like an
+  earlier one (shapes, strides, dtypes, devices, scale) repeats that call's checked, bound launch
+  (``_Repeat``): a model's layers, after the first of a step, make such calls.
 * ``torch.ops.course.flash_decode`` and ``torch.ops.course.paged_decode``: the same, as
   ``torch.library`` custom operators with fake implementations. The functions go through them
   when ``torch.compile`` traces, so a compiled decode step keeps the kernels in its graph (and
@@ -142,7 +144,21 @@ def _int32(t: torch.Tensor) -> torch.Tensor:
 # the shared launch path: the split buffers reused per shape and stream, a new output per call
 # ---------------------------------------------------------------------------------------------
 
-_PLANS: collections.OrderedDict = collections.OrderedDict()
+class _PlanCache(collections.OrderedDict):
+    """The eager calls' plans, least recently made first. A plan forgotten (evicted, or all of
+    them cleared) takes the repeated launches (``_REPEATS``) with it: a repeat never outlives
+    its plan's place here."""
+
+    def clear(self):
+        super().clear()
+        _REPEATS.clear()
+
+    def popitem(self, last=True):
+        _REPEATS.clear()
+        return super().popitem(last)
+
+
+_PLANS: _PlanCache = _PlanCache()
 _MAX_PLANS = 32
 
 
@@ -161,8 +177,12 @@ def _keep_plan(key, plan) -> None:
 
 
 def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_splits,
-            sm_scale, cfg, paged, reuse=True, need_lse=True):
+            sm_scale, cfg, paged, reuse=True, need_lse=True, repeat_key=None):
     """Launch on checked inputs; returns a new (out, lse).
+
+    ``repeat_key`` (an eager ``flash_decode`` with default arguments, ``_repeat_key``): a
+    launch that ends bound is kept under that key for the calls shaped like this one
+    (``_Repeat``).
 
     ``need_lse=False`` (an eager call that does not return it): the lse goes to a buffer of
     the plan, reused, and is not to be kept.
@@ -221,13 +241,75 @@ def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_spl
             and not hooks_installed() and not kd.capturing()):
         bound[1](ptrs[0], ptrs[1], ptrs[2], ptrs[3] if has_lens else ptrs[0],
                  ptrs[4] if has_table else ptrs[0], ptrs[5], ptrs[6], *geometry)
-        return out, lse
-    bind = not kd.capturing()
-    launches = kd.run_plan(plan, q, k, v, seqlens, block_table, sm_scale, out, lse, bind=bind,
-                           n_max=n_max)
-    if bind and launches is not None and len(launches) == 1:
+    else:
+        bind = not kd.capturing()
+        launches = kd.run_plan(plan, q, k, v, seqlens, block_table, sm_scale, out, lse,
+                               bind=bind, n_max=n_max)
+        if not (bind and launches is not None and len(launches) == 1):
+            return out, lse
         plan.bound = (sig, launches[0])
+    if repeat_key is not None and scratch and not ptrs[6] & 15:
+        _keep_repeat(repeat_key, _Repeat(plan, geometry, out, dev, key[12]))
     return out, lse
+
+
+# ---------------------------------------------------------------------------------------------
+# a call shaped like an earlier one: that call's checked, bound launch again
+# ---------------------------------------------------------------------------------------------
+
+# An eager ``flash_decode`` with default arguments whose inputs have the shapes, strides, dtypes
+# and devices of an earlier call's, with the same scale and lengths' layout, would pass the same
+# checks and get the same plan and bound launch: it repeats that launch (``_Repeat``) with no
+# checks, no plan key, one allocation (o) and one call into Triton's C launcher. A transformers
+# model makes that call once per layer, so from the second layer of a step on every call does.
+_REPEATS: dict = {}
+_MAX_REPEATS = 64
+
+
+def _repeat_key(q, k, v, lens, sm_scale) -> tuple:
+    """What the checks and the plan of a call depend on. AttributeError for a non-tensor."""
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
+            v.dtype, q.get_device(), k.get_device(), v.get_device(), type(sm_scale), sm_scale,
+            None if lens is None else (lens.shape, lens.stride(), lens.dtype, lens.get_device()))
+
+
+class _Repeat:
+    """The launch of a checked eager call, bound, for calls with the same ``_repeat_key``:
+    ``self(q, k, v, lens)`` is that call's result for new tensors, or None where the launch
+    cannot be repeated (the plan was bound anew or forgotten, a profiler hook or a CUDA-graph
+    capture is on, another stream is current, an address is not 16-byte aligned): the caller
+    then takes the checked path."""
+
+    __slots__ = ("plans", "plan", "bound", "geometry", "out_shape", "transposed", "dtype",
+                 "device", "dev", "stream")
+
+    def __init__(self, plan, geometry, out, dev, stream):
+        self.plans, self.plan, self.bound, self.geometry = _PLANS, plan, plan.bound, geometry
+        self.transposed = not out.is_contiguous()  # empty_output's (B, N_q, H, D) layout
+        self.out_shape = tuple(out.transpose(1, 2).shape if self.transposed else out.shape)
+        self.dtype, self.device, self.dev, self.stream = out.dtype, out.device, dev, stream
+
+    def __call__(self, q, k, v, lens):
+        plan = self.plan
+        if (plan.bound is not self.bound or _PLANS is not self.plans or hooks_installed()
+                or kd.capturing() or _stream_id(self.dev) != self.stream):
+            return None
+        p, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+        lp = p if lens is None else lens.data_ptr()
+        if (p | kp | vp | lp) & 15:
+            return None
+        out = kd._empty(self.out_shape, device=self.device, dtype=self.dtype)
+        if self.transposed:
+            out = out.transpose(1, 2)
+        self.bound[1](p, kp, vp, lp, p, out.data_ptr(), plan.lse_scratch.data_ptr(),
+                      *self.geometry)
+        return out
+
+
+def _keep_repeat(key, repeat: _Repeat) -> None:
+    if len(_REPEATS) >= _MAX_REPEATS:  # a cache that grows by a token per step: new keys
+        _REPEATS.clear()
+    _REPEATS[key] = repeat
 
 
 def _length_bucket(n: int) -> int:
@@ -267,6 +349,19 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm
     every length lies in [0, N_max], which reads them back to the host (one synchronisation).
     Without it a length outside the range is clamped to it by the kernel.
     """
+    repeat_key = None
+    if (not torch.compiler.is_compiling() and num_splits is None and config is None
+            and not validate and not return_lse):
+        try:
+            repeat_key = _repeat_key(q, k_cache, v_cache, cache_seqlens, sm_scale)
+        except AttributeError:  # not a tensor: the checks below name the argument
+            pass
+        else:
+            repeat = _REPEATS.get(repeat_key)
+            if repeat is not None:
+                o = repeat(q, k_cache, v_cache, cache_seqlens)
+                if o is not None:
+                    return o
     B, H, H_kv, N_q, N_max, D = _check_cache(q, k_cache, v_cache, cache_seqlens)
     _check_num_splits(num_splits)
     sm_scale = check_sm_scale(sm_scale, D)
@@ -275,13 +370,15 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm
         if validate:
             _refuse_validate_when_compiling()
             check_cache_seqlens(cache_seqlens, N_max)
-        cache_seqlens = _int32(cache_seqlens)
+        lens = _int32(cache_seqlens)
+        if lens is not cache_seqlens:  # converted: a call like this one converts again
+            repeat_key, cache_seqlens = None, lens
     if torch.compiler.is_compiling():
         o, lse = torch.ops.course.flash_decode(q, k_cache, v_cache, cache_seqlens,
                                                num_splits or 0, sm_scale, _config_list(cfg))
     else:
         o, lse = _decode(q, k_cache, v_cache, cache_seqlens, None, N_max, 1, 1, num_splits,
-                         sm_scale, cfg, paged=False, need_lse=return_lse)
+                         sm_scale, cfg, paged=False, need_lse=return_lse, repeat_key=repeat_key)
     return (o, lse) if return_lse else o
 
 

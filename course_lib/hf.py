@@ -472,7 +472,7 @@ def time_decode(model, input_ids: torch.Tensor, new_tokens: int = 32, repeats: i
 
 @torch.inference_mode()
 def time_prefills_in_turns(model, input_ids: torch.Tensor, implementations, pairs: int = 20,
-                           compiled: bool = False) -> dict[str, float]:
+                           compiled: bool = False, samples: dict | None = None) -> dict[str, float]:
     """Median ms of one prefill (a forward over the prompt, no cache kept) for each attention
     implementation, the implementations called in turns: A, B, A, B, ... ``pairs`` times after
     two rounds of warm-up.
@@ -481,7 +481,8 @@ def time_prefills_in_turns(model, input_ids: torch.Tensor, implementations, pair
     else the host does drifts over seconds; turns at the scale of one call put both sides
     under the same drift. ``compiled``: ``torch.compile(model, fullgraph=True,
     dynamic=False)``, made once; each implementation compiles its own graph on its first call
-    (the guard on ``config._attn_implementation`` keeps both)."""
+    (the guard on ``config._attn_implementation`` keeps both). ``samples``: a dict that gets
+    every timed call, {implementation: [ms, ...]} in turn order (``paired``)."""
     run = torch.compile(model, fullgraph=True, dynamic=False) if compiled else model
     times = {impl: [] for impl in implementations}
     for r in range(pairs + 2):  # two rounds of warm-up: compile, then settle
@@ -493,12 +494,33 @@ def time_prefills_in_turns(model, input_ids: torch.Tensor, implementations, pair
             _sync()
             if r >= 2:
                 times[impl].append((time.perf_counter() - t0) * 1e3)
+    return _medians(times, samples)
+
+
+def _medians(times: dict, samples: dict | None) -> dict[str, float]:
+    if samples is not None:
+        samples.update(times)
     return {impl: _median(t) for impl, t in times.items()}
+
+
+def paired(ours: list[float], theirs: list[float]) -> dict:
+    """Two implementations timed in turns, compared pair by pair (the i-th time of one with
+    the i-th of the other, taken one right after the other): how many pairs, the share of them
+    in which ``ours`` was the faster, and the median of ours / theirs over the pairs. A median
+    of each side says which is faster; these say how often, and by how much in a typical
+    pair, when the host's drift moves both."""
+    if len(ours) != len(theirs) or not ours:
+        raise ValueError(f"paired needs two lists of one length, got {len(ours)} and "
+                         f"{len(theirs)}")
+    ratios = [a / b for a, b in zip(ours, theirs)]
+    return {"pairs": len(ours), "won": sum(a < b for a, b in zip(ours, theirs)) / len(ours),
+            "ratio_median": _median(ratios)}
 
 
 @torch.inference_mode()
 def time_decodes_in_turns(model, input_ids: torch.Tensor, implementations,
-                          new_tokens: int = 32, repeats: int = 3) -> dict[str, float]:
+                          new_tokens: int = 32, repeats: int = 3,
+                          samples: dict | None = None) -> dict[str, float]:
     """Median ms of one greedy decode step (one token's forward against the model's
     DynamicCache) for each attention implementation, the implementations stepping in turns.
 
@@ -507,7 +529,7 @@ def time_decodes_in_turns(model, input_ids: torch.Tensor, implementations,
     ``generate`` waits for every token); ``repeats`` runs of ``new_tokens`` steps after one
     run of warm-up, the median of all the steps. An eager step is bound by the host, whose
     speed drifts by tens of percent over seconds on these machines: steps taken in turns see
-    the same drift."""
+    the same drift. ``samples``: as in ``time_prefills_in_turns``."""
     steps = {impl: [] for impl in implementations}
     for r in range(repeats + 1):
         state = {}
@@ -528,7 +550,7 @@ def time_decodes_in_turns(model, input_ids: torch.Tensor, implementations,
                     steps[impl].append((time.perf_counter() - t0) * 1e3)
                 state[impl] = (out.past_key_values, tok)
         del state, out
-    return {impl: _median(t) for impl, t in steps.items()}
+    return _medians(steps, samples)
 
 
 def _prompts(model, prompt_lengths, batch: int) -> dict:
@@ -553,7 +575,8 @@ def _generate_ms(model, input_ids: torch.Tensor, new_tokens: int, config) -> flo
 
 @torch.inference_mode()
 def time_compiled_decodes_in_turns(model, input_ids: torch.Tensor, implementations,
-                                   new_tokens: int = 32, pairs: int = 5) -> dict[str, float]:
+                                   new_tokens: int = 32, pairs: int = 5,
+                                   samples: dict | None = None) -> dict[str, float]:
     """Median ms per token of the compiled decode for each attention implementation, the
     implementations in turns.
 
@@ -563,7 +586,8 @@ def time_compiled_decodes_in_turns(model, input_ids: torch.Tensor, implementatio
     runs (the guard on ``config._attn_implementation`` keeps both); then, ``pairs`` times, each
     runs 1 + ``new_tokens`` tokens and 1 token, and ms/token = the difference / ``new_tokens``
     (the eager prefill inside ``generate`` cancels out). ``generate``'s own host work per token
-    drifts by over 10% from run to run: turns put both sides under the same drift."""
+    drifts by over 10% from run to run: turns put both sides under the same drift.
+    ``samples``: as in ``time_prefills_in_turns`` (ms per token of each turn)."""
     config = static_compile_config()
     per_token = {impl: [] for impl in implementations}
     for r in range(pairs + 2):  # two rounds of warm-up: compile, then record the graphs
@@ -573,7 +597,7 @@ def time_compiled_decodes_in_turns(model, input_ids: torch.Tensor, implementatio
             if r >= 2:
                 one = _generate_ms(model, input_ids, 1, config)
                 per_token[impl].append((many - one) / new_tokens)
-    return {impl: _median(t) for impl, t in per_token.items()}
+    return _medians(per_token, samples)
 
 
 @torch.inference_mode()
@@ -600,32 +624,47 @@ def benchmark(model, prompt_lengths=(512, 2048, 8192), batch: int = 1, new_token
     steps each (``time_decodes_in_turns``); medians. With ``compiled`` also the compiled
     prefill (``time_prefills_in_turns(compiled=True)``) and the compiled decode
     (``time_compiled_decodes_in_turns``, ``compiled_pairs`` turns), columns
-    ``prefill_ms_compiled_<impl>`` and ``decode_ms_compiled_<impl>``.
+    ``prefill_ms_compiled_<impl>`` and ``decode_ms_compiled_<impl>``. With two
+    implementations each row also has ``paired``: for each measure, the first implementation
+    against the second, pair by pair (``paired``).
     """
     rows = []
     prompts = _prompts(model, prompt_lengths, batch)
     _settle(model, prompts[min(prompts)], implementations)
+
+    def compare(row, measure, samples):
+        if len(implementations) == 2:
+            row.setdefault("paired", {})[measure] = paired(*(samples[i] for i in implementations))
+
     for n, ids in prompts.items():  # every eager run first: a compiled run leaves caches behind
         row = {"prompt": n, "batch": batch}
-        for impl, value in time_prefills_in_turns(model, ids, implementations, pairs).items():
+        prefills, decodes = {}, {}
+        for impl, value in time_prefills_in_turns(model, ids, implementations, pairs,
+                                                  samples=prefills).items():
             row[f"prefill_ms_{impl}"] = value
         for impl, value in time_decodes_in_turns(model, ids, implementations, new_tokens,
-                                                 repeats).items():
+                                                 repeats, samples=decodes).items():
             row[f"decode_ms_{impl}"] = value
+        compare(row, "prefill", prefills)
+        compare(row, "decode", decodes)
         print(row, flush=True)
         rows.append(row)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     for row in rows if compiled else []:
         ids = prompts[row["prompt"]]
+        prefills, decodes = {}, {}
         torch._dynamo.reset()
         for impl, value in time_prefills_in_turns(model, ids, implementations, pairs,
-                                                  compiled=True).items():
+                                                  compiled=True, samples=prefills).items():
             row[f"prefill_ms_compiled_{impl}"] = value
         torch._dynamo.reset()
         for impl, value in time_compiled_decodes_in_turns(model, ids, implementations,
-                                                          new_tokens, compiled_pairs).items():
+                                                          new_tokens, compiled_pairs,
+                                                          samples=decodes).items():
             row[f"decode_ms_compiled_{impl}"] = value
+        compare(row, "prefill_compiled", prefills)
+        compare(row, "decode_compiled", decodes)
         print(row, flush=True)
     model.set_attn_implementation(ATTN_IMPLEMENTATION)
     return rows

@@ -378,3 +378,19 @@ def test_the_stored_runs_need_a_gpu(monkeypatch):
         with pytest.raises(SystemExit, match="needs a CUDA GPU"):
             hf.main(argv)
 
+
+
+def test_two_sides_timed_in_turns_are_compared_pair_by_pair():
+    """hf.paired: the share of pairs one side won and the median ratio; the timers hand every
+    timed call over in turn order (``samples``), as ``benchmark`` stores them."""
+    assert hf.paired([1.0, 2.0, 3.0, 5.0], [2.0, 1.0, 4.0, 4.0]) == {
+        "pairs": 4, "won": 0.5, "ratio_median": 1.25}  # ratios 0.5, 2, 0.75, 1.25
+    with pytest.raises(ValueError, match="one length"):
+        hf.paired([1.0], [1.0, 2.0])
+    model = hf.make_llama(hf.small_llama_config())
+    ids = torch.randint(0, model.config.vocab_size, (1, 6), device=model.device)
+    samples = {}
+    medians = hf.time_decodes_in_turns(model, ids, (hf.ATTN_IMPLEMENTATION, "sdpa"),
+                                       new_tokens=2, repeats=1, samples=samples)
+    assert {k: len(v) for k, v in samples.items()} == {hf.ATTN_IMPLEMENTATION: 2, "sdpa": 2}
+    assert medians == {k: sorted(v)[1] for k, v in samples.items()}

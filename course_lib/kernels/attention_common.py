@@ -264,6 +264,32 @@ def empty_output(q, empty=None):
     return empty((B, H, N_Q, D), device=q.device, dtype=q.dtype)
 
 
+class OutputLike:
+    """``empty_output``'s choice for one call, kept: ``self(empty)`` allocates another O with
+    the shape, dtype, device and layout of ``o``, for a call shaped like that one, without
+    reading its q again (a call that repeats a bound launch: ``ops``' ``_Repeat``, ``_Bound``)."""
+
+    __slots__ = ("shape", "transposed", "dtype", "device")
+
+    def __init__(self, o):
+        self.transposed = not o.is_contiguous()  # the (B, N_q, H, D) layout seen transposed
+        self.shape = tuple(o.transpose(1, 2).shape if self.transposed else o.shape)
+        self.dtype, self.device = o.dtype, o.device
+
+    def __call__(self, empty=None):
+        o = (empty or torch.empty)(self.shape, device=self.device, dtype=self.dtype)
+        return o.transpose(1, 2) if self.transposed else o
+
+
+def call_key(q, k, v, sm_scale) -> tuple:
+    """What the checks of an attention call (``course_lib.validate``) and its launch read of
+    q, k, v and the scale: shapes, strides, dtypes, devices, and the scale with its type (True
+    equals 1.0 but is no scale). A call whose key equals a checked call's passes the same
+    checks. AttributeError when an input is not a tensor."""
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
+            v.dtype, q.get_device(), k.get_device(), v.get_device(), type(sm_scale), sm_scale)
+
+
 def allocate_outputs(q, out=None, lse=True):
     """O (B, H, N_q, D) in q's dtype and layout (``empty_output``) and lse (B, H, N_q) fp32
     (None with ``lse=False``: a kernel told not to store it); tests pass NaN-poisoned ``out``."""

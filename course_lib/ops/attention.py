@@ -17,7 +17,7 @@ import torch
 
 from course_lib._device import DEVICE
 from course_lib._launch import hooks_installed
-from course_lib.kernels.attention_common import MAX_GRID_Y, empty_output
+from course_lib.kernels.attention_common import MAX_GRID_Y, OutputLike, call_key, empty_output
 from course_lib.kernels.flash_bwd import flash_attn_v2_backward
 from course_lib.kernels.flash_v2 import bound_launch, forward_portable
 from course_lib.kernels.flash_v2_hopper import forward_hopper, tma_compatible
@@ -60,6 +60,9 @@ def best_impl(q: torch.Tensor, k: torch.Tensor | None = None,
     return "portable"
 
 
+_FORWARDS = {"portable": forward_portable, "hopper": forward_hopper}  # impl -> its launcher
+
+
 def _flash_attn_v2_forward(q, k, v, causal, sm_scale, impl=None, out=None, store_lse=True):
     """Forward on validated inputs: returns (o in q's dtype, lse fp32 natural log); o is laid
     out as q is (``attention_common.empty_output``), lse is None without ``store_lse``.
@@ -67,11 +70,10 @@ def _flash_attn_v2_forward(q, k, v, causal, sm_scale, impl=None, out=None, store
     ``out`` = (o, lse) preallocated (contiguous) lets tests poison the outputs with NaN first.
     """
     impl = impl or best_impl(q, k, v)
-    if impl == "portable":
-        return forward_portable(q, k, v, causal, sm_scale, out, store_lse)
-    if impl == "hopper":
-        return forward_hopper(q, k, v, causal, sm_scale, out, store_lse)
-    raise ValueError(f"impl must be None or one of {IMPLS}, got {impl!r}")
+    forward = _FORWARDS.get(impl) if isinstance(impl, str) else None
+    if forward is None:
+        raise ValueError(f"impl must be None or one of {IMPLS}, got {impl!r}")
+    return forward(q, k, v, causal, sm_scale, out, store_lse)
 
 
 def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=None):
@@ -89,10 +91,8 @@ def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=N
     checked_key = None
     if _REMEMBER and not torch.compiler.is_compiling() and not return_lse:
         try:
-            checked_key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
-                           q.dtype, k.dtype, v.dtype, q.get_device(), k.get_device(),
-                           v.get_device(), type(causal), causal, type(sm_scale), sm_scale,
-                           impl, not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15)
+            checked_key = (call_key(q, k, v, sm_scale), type(causal), causal, impl,
+                           not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15)  # (TMA's)
             forward = _CHECKED.get(checked_key)
         except (AttributeError, TypeError):  # not a tensor, an unhashable argument: the checks
             checked_key = None  # below name it
@@ -143,19 +143,15 @@ class _Bound:
     """The portable kernel's bound launch (``flash_v2.bound_launch``): ``self(q, k, v)`` is O,
     an allocation and one call into Triton's C launcher; None when profiler hooks are on."""
 
-    __slots__ = ("again", "shape", "transposed", "dtype", "device")
+    __slots__ = ("again", "new_out")
 
     def __init__(self, again, o):
-        self.again, self.transposed = again, not o.is_contiguous()  # empty_output's layout
-        self.shape = tuple(o.transpose(1, 2).shape if self.transposed else o.shape)
-        self.dtype, self.device = o.dtype, o.device
+        self.again, self.new_out = again, OutputLike(o)
 
     def __call__(self, q, k, v):
         if hooks_installed():
             return None
-        o = torch.empty(self.shape, device=self.device, dtype=self.dtype)
-        if self.transposed:
-            o = o.transpose(1, 2)
+        o = self.new_out()
         p = o.data_ptr()
         self.again(q.data_ptr(), k.data_ptr(), v.data_ptr(), p, p)
         return o
@@ -168,7 +164,6 @@ class _Bound:
 # meta tensor has a CPU tensor's device index; the interpreter's time dwarfs the checks' there.
 _REMEMBER = DEVICE == "cuda"
 _CHECKED: dict = {}
-_FORWARDS = {"portable": forward_portable, "hopper": forward_hopper}
 
 
 # ---------------------------------------------------------------------------------------------

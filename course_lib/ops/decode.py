@@ -36,7 +36,7 @@ import torch
 
 from course_lib._launch import hooks_installed, int_classes
 from course_lib.kernels import decode as kd
-from course_lib.kernels.attention_common import empty_output
+from course_lib.kernels.attention_common import OutputLike, call_key, empty_output
 from course_lib.validate import (
     check_attention_inputs,
     check_block_table,
@@ -267,9 +267,9 @@ _MAX_REPEATS = 64
 
 
 def _repeat_key(q, k, v, lens, sm_scale) -> tuple:
-    """What the checks and the plan of a call depend on. AttributeError for a non-tensor."""
-    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
-            v.dtype, q.get_device(), k.get_device(), v.get_device(), type(sm_scale), sm_scale,
+    """What the checks and the plan of a call depend on (``call_key`` and the lengths' layout).
+    AttributeError for a non-tensor."""
+    return (call_key(q, k, v, sm_scale),
             None if lens is None else (lens.shape, lens.stride(), lens.dtype, lens.get_device()))
 
 
@@ -280,14 +280,11 @@ class _Repeat:
     capture is on, another stream is current, an address is not 16-byte aligned): the caller
     then takes the checked path."""
 
-    __slots__ = ("plans", "plan", "bound", "geometry", "out_shape", "transposed", "dtype",
-                 "device", "dev", "stream")
+    __slots__ = ("plans", "plan", "bound", "geometry", "new_out", "dev", "stream")
 
     def __init__(self, plan, geometry, out, dev, stream):
         self.plans, self.plan, self.bound, self.geometry = _PLANS, plan, plan.bound, geometry
-        self.transposed = not out.is_contiguous()  # empty_output's (B, N_q, H, D) layout
-        self.out_shape = tuple(out.transpose(1, 2).shape if self.transposed else out.shape)
-        self.dtype, self.device, self.dev, self.stream = out.dtype, out.device, dev, stream
+        self.new_out, self.dev, self.stream = OutputLike(out), dev, stream
 
     def __call__(self, q, k, v, lens):
         plan = self.plan
@@ -298,9 +295,7 @@ class _Repeat:
         lp = p if lens is None else lens.data_ptr()
         if (p | kp | vp | lp) & 15:
             return None
-        out = kd._empty(self.out_shape, device=self.device, dtype=self.dtype)
-        if self.transposed:
-            out = out.transpose(1, 2)
+        out = self.new_out(kd._empty)
         self.bound[1](p, kp, vp, lp, p, out.data_ptr(), plan.lse_scratch.data_ptr(),
                       *self.geometry)
         return out

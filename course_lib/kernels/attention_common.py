@@ -220,13 +220,20 @@ def repeat_bound(bound: dict, sig, ptrs) -> bool:
     return True
 
 
+def keep(memo: dict, key, value, limit: int) -> None:
+    """``memo[key] = value`` in a dict of calls remembered by their signature, started over when
+    it holds ``limit`` entries: a cache that grows by a token per step makes a new signature at
+    every step, and the dict must not grow with it."""
+    if len(memo) >= limit:
+        memo.clear()
+    memo[key] = value
+
+
 def keep_bound(bound: dict, sig, again, ptrs) -> None:
     """Keep the bound launch ``again`` (None: none was bound) for ``sig``, if the addresses it
-    was bound at are 16-byte aligned; many shapes (a growing cache) start the dict over."""
+    was bound at are 16-byte aligned (``keep``, up to 1024 signatures)."""
     if again is not None and not any(p & 15 for p in ptrs):
-        if len(bound) >= 1024:
-            bound.clear()
-        bound[sig] = again
+        keep(bound, sig, again, 1024)
 
 
 def interpreter_errstate():

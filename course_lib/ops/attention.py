@@ -17,7 +17,13 @@ import torch
 
 from course_lib._device import DEVICE
 from course_lib._launch import hooks_installed
-from course_lib.kernels.attention_common import MAX_GRID_Y, OutputLike, call_key, empty_output
+from course_lib.kernels.attention_common import (
+    MAX_GRID_Y,
+    OutputLike,
+    call_key,
+    empty_output,
+    keep,
+)
 from course_lib.kernels.flash_bwd import flash_attn_v2_backward
 from course_lib.kernels.flash_v2 import bound_launch, forward_portable
 from course_lib.kernels.flash_v2_hopper import forward_hopper, tma_compatible
@@ -119,11 +125,9 @@ def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=N
         impl = impl or best_impl(q, k, v)  # (best_impl reads the alignment, a key's last item)
         o, lse = _flash_attn_v2_forward(q, k, v, causal, sm_scale, impl, store_lse=return_lse)
         if checked_key is not None:
-            if len(_CHECKED) >= 256:
-                _CHECKED.clear()
             again = bound_launch(q, k, v, o, causal, sm_scale) if impl == "portable" else None
-            _CHECKED[checked_key] = (_Checked(_FORWARDS[impl], causal, sm_scale) if again is None
-                                     else _Bound(again, o))
+            keep(_CHECKED, checked_key, (_Checked(_FORWARDS[impl], causal, sm_scale)
+                                         if again is None else _Bound(again, o)), 256)
     return (o, lse) if return_lse else o
 
 

@@ -36,7 +36,7 @@ import torch
 
 from course_lib._launch import hooks_installed, int_classes
 from course_lib.kernels import decode as kd
-from course_lib.kernels.attention_common import OutputLike, call_key, empty_output
+from course_lib.kernels.attention_common import OutputLike, call_key, empty_output, keep
 from course_lib.validate import (
     check_attention_inputs,
     check_block_table,
@@ -249,7 +249,7 @@ def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_spl
             return out, lse
         plan.bound = (sig, launches[0])
     if repeat_key is not None and scratch and not ptrs[6] & 15:
-        _keep_repeat(repeat_key, _Repeat(plan, geometry, out, dev, key[12]))
+        keep(_REPEATS, repeat_key, _Repeat(plan, geometry, out, dev, key[12]), _MAX_REPEATS)
     return out, lse
 
 
@@ -299,12 +299,6 @@ class _Repeat:
         self.bound[1](p, kp, vp, lp, p, out.data_ptr(), plan.lse_scratch.data_ptr(),
                       *self.geometry)
         return out
-
-
-def _keep_repeat(key, repeat: _Repeat) -> None:
-    if len(_REPEATS) >= _MAX_REPEATS:  # a cache that grows by a token per step: new keys
-        _REPEATS.clear()
-    _REPEATS[key] = repeat
 
 
 def _length_bucket(n: int) -> int:

@@ -741,6 +741,7 @@ def facts() -> dict[str, Fact]:
             ours, sdpa = row[f"{phase}_ms_course_kernels"], row[f"{phase}_ms_sdpa"]
             add(f"llama_{phase}_{n}", f"{ours:.1f} / {sdpa:.1f} ms", "README",
                 f"data/llama.json prompt {n}: {phase} ms, course kernels / SDPA")
+    _pairs_fact(add, llama, "llama", 512, "decode", "src:course_lib/hf.py")
 
     # Drop-in use (issue 20): eager and graphed decode, host time, padded head dims, compiled
     drop = load_result("dropin")
@@ -781,7 +782,8 @@ def facts() -> dict[str, Fact]:
                             ("fa2", "flash_attn_v2_auto_us", lesson_readme),
                             ("fa2_hopper", "flash_attn_v2_hopper_us", lesson),
                             ("sdpa_flash", "sdpa_flash_us", lesson_readme),
-                            ("empty", "empty_kernel_launch_us", lesson)):
+                            ("torch_launch", "torch_kernel_launch_us", lesson),
+                            ("triton_nop", "triton_nop_launch_us", lesson)):
         add(f"host_{key}", f"{host[col]:.0f} µs", where, f"data/dropin.json host: {col}")
     for d in (80, 96):
         rs = [r for r in drop["head_dims"] if r["D"] == d]
@@ -808,7 +810,19 @@ def facts() -> dict[str, Fact]:
                 add(f"cap_{mode}_{phase}_{n}", f"{ours:.2f} / {sdpa:.2f} ms",
                         "README nb:14_llama_capstone",
                     f"data/capstone_compiled.json prompt {n}: {mode} {phase}, ours / SDPA")
+    for n, measure in ((2048, "prefill"), (512, "decode_compiled"), (2048, "decode_compiled")):
+        _pairs_fact(add, cap, "cap", n, measure, "nb:14_llama_capstone")
     return f
+
+
+def _pairs_fact(add, result: dict, name: str, prompt: int, measure: str, where: str) -> None:
+    """"k of n pairs": in how many of the pairs timed in turns our kernels were the faster
+    (``hf.paired``), for one prompt length and measure of a stored capstone run."""
+    row = next(r for r in result["rows"] if r["prompt"] == prompt)
+    p = row["paired"][measure]
+    add(f"{name}_pairs_{measure}_{prompt}", f"{round(p['won'] * p['pairs'])} of {p['pairs']} pairs",
+        where, f"data/{'llama' if name == 'llama' else 'capstone_compiled'}.json prompt {prompt}, "
+        f"{measure}: pairs in which ours was the faster")
 
 
 # --------------------------------------------------------------------------------------------

@@ -171,6 +171,40 @@ def test_both_merges_step_after_step(case, merge, dtype, monkeypatch):
             assert not plan.arrived.any(), "an arrival counter was not reset to 0"
 
 
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_interleaved_splits_deal_the_tiles_round_robin(paged, monkeypatch):
+    """A plan with ``interleaved``: split s holds the lse of tiles s, s + S, s + 2S, ... of each
+    sequence (the last one cut at L_b), and the merged answer is the reference's; ragged
+    lengths, GQA, two causal queries, contiguous and paged."""
+    B, H, H_kv, N_q, N_max, D, lengths, S = 2, 4, 2, 2, 150, 32, [150, 37], 3
+    q, k, v, lens = _inputs(B, H, H_kv, N_q, N_max, D, lengths, torch.float32)
+    _poison_kernel_outputs(monkeypatch)
+    caches, table, extra = (k, v), None, {}
+    if paged:
+        k_pages, table = contiguous_to_pages(k, generator=torch.Generator().manual_seed(3))
+        v_pages, _ = contiguous_to_pages(v, generator=torch.Generator().manual_seed(3))
+        caches, extra = (k_pages, v_pages), dict(paged=True, page_size=16,
+                                                 num_blocks=k_pages.shape[0])
+    plan = dec.make_plan(B, H, H_kv, N_q, D, table.shape[1] * 16 if paged else N_max, q.device,
+                         num_splits=S, merge="kernel", interleaved=True, **extra)
+    out = poison_(torch.empty_like(q))
+    lse = poison_(torch.empty(B, H, N_q, device=q.device))
+    dec.run_plan(plan, q, *caches, lens, table, D ** -0.5, out, lse)
+    _check(out, lse, q, k, v, lens, "interleaved")
+    block_n = plan.config["BLOCK_N"]
+    kr = k.float().repeat_interleave(H // H_kv, dim=1)  # (B, H, N_max, D)
+    scores = torch.einsum("bhid,bhnd->bhin", q.float(), kr) * D ** -0.5  # (B, H, N_q, N_max)
+    n = torch.arange(N_max, device=q.device)
+    for b, L in enumerate(lengths):
+        for i in range(N_q):
+            for s in range(S):
+                keys = (n <= L - N_q + i) & ((n // block_n) % S == s)
+                want = (torch.logsumexp(scores[b, :, i, keys], -1) if keys.any()
+                        else torch.full((H,), -math.inf, device=q.device))
+                torch.testing.assert_close(plan.lse_part[b, :, i, s], want, atol=1e-5,
+                                           rtol=1e-5)
+
+
 def test_the_two_merges_give_the_same_bits():
     """Both merges run the same code (_merge_row) with the same chunking: in the interpreter an
     eager step (fused) and a CUDA-graph step (the merge kernel) agree bit for bit (on a GPU the
@@ -393,6 +427,22 @@ def test_gpu_long_ragged_batch(N_q, dtype):
     v_pages, _ = contiguous_to_pages(v, generator=gen)
     o_p, lse_p = paged_decode(q, k_pages, v_pages, table, lens, return_lse=True)
     _check(o_p, lse_p, q, k, v, lens, "paged_decode GPU")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_gpu_long_context_deals_the_tiles(paged):
+    """At batch 1 and 64k keys the plan deals the tiles round-robin (32 splits of 32 tiles);
+    a length that ends inside a tile, contiguous and paged: the reference's answer."""
+    q, k, v, lens = _inputs(1, 32, 8, 1, 65536, 128, [40001], torch.float16)
+    assert dec.make_plan(1, 32, 8, 1, 128, 65536, q.device).interleaved
+    if paged:
+        k_pages, table = contiguous_to_pages(k, generator=torch.Generator().manual_seed(5))
+        v_pages, _ = contiguous_to_pages(v, generator=torch.Generator().manual_seed(5))
+        o, lse = paged_decode(q, k_pages, v_pages, table, lens, return_lse=True)
+    else:
+        o, lse = flash_decode(q, k, v, lens, return_lse=True)
+    _check(o, lse, q, k, v, lens, "tiles dealt round-robin")
 
 
 @pytest.mark.gpu

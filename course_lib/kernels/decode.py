@@ -1,53 +1,44 @@
 """Decode attention: Flash-Decoding (split-KV + LSE merge) and PagedAttention, with GQA.
 
-Introduced in notebooks/12_flash_decoding.ipynb (``flash_decode``) and
-notebooks/13_paged_attention.ipynb (``paged_decode``); notebooks/11_kv_cache_gqa.ipynb explains
-why decoding needs them: ``N_q`` new query tokens (1, or a few when a draft is verified) attend
-to the ``L_b`` cached keys of sequence ``b``. The FLOPs are tiny and every byte of K and V is
-read once, so decoding is bound by memory bandwidth; and a forward kernel like
-``flash_attn_v2`` has one program per (batch, head, BLOCK_M rows): 32 programs for 132 SMs at
-batch 1 (course_lib/data/decode.json). FlashAttention's ``flash_attn_with_kvcache`` splits the
-keys instead, as this file does.
+notebooks/12_flash_decoding.ipynb (``flash_decode``) and 13 (``paged_decode``); lesson 11 says why
+decoding needs them: ``N_q`` new query tokens (1, or a few when a draft is verified) attend to the
+``L_b`` cached keys of sequence ``b``. Every byte of K and V is read once for few FLOPs, so
+decoding is bound by memory bandwidth; a forward kernel like ``flash_attn_v2`` has one program per
+(batch, head, BLOCK_M rows): 32 programs for 132 SMs at batch 1 (course_lib/data/decode.json).
 
-``_decode_split_kernel`` (Flash-Decoding, Dao et al., "Flash-Decoding for long-context
-inference", 2023): grid ``(num_splits, B·H_kv, m_tiles)``. Program ``(s, b·H_kv + g, t)`` takes
-split ``s`` of sequence ``b``'s keys (whole ``BLOCK_N`` tiles) and *all* query rows that read
-key/value head ``g``: the ``G = H/H_kv`` heads of the GQA group times the ``N_q`` queries,
-stacked in the M dimension of ``tl.dot``, so each K/V tile is read from HBM once. The loop is
-FlashAttention-2's online softmax in base 2 with fp32 accumulators, causal among the ``N_q``
-rows (bottom-right aligned to ``L_b``). It writes the split's normalised ``o_s`` (fp32) and its
-natural-log ``lse_s``; a single split writes the answer itself.
+``_decode_split_kernel`` (Flash-Decoding, Dao et al., "Flash-Decoding for long-context inference",
+2023): grid ``(num_splits, B·H_kv, m_tiles)``. Program ``(s, b·H_kv + g, t)`` takes split ``s`` of
+sequence ``b``'s keys, in whole ``BLOCK_N`` tiles: a run of them, or, with many long splits
+(``INTERLEAVED``), every ``num_splits``-th tile. It takes *all* query rows that read key/value head
+``g`` (the ``G = H/H_kv`` heads of the GQA group times the ``N_q`` queries, stacked in the M
+dimension of ``tl.dot``), so each K/V tile is read from HBM once. The loop is FlashAttention-2's
+online softmax in base 2 with fp32 accumulators, causal among the ``N_q`` rows (bottom-right
+aligned to ``L_b``). It writes the split's normalised ``o_s`` (fp32) and its natural-log ``lse_s``;
+a single split writes the answer itself.
 
-``_decode_merge_kernel``: one program per query row, ``lse = log Σ_s exp(lse_s)``,
-``o = Σ_s exp(lse_s − lse)·o_s`` — lesson 01's (m, d) merge with (lse, o). Empty splits carry
-``lse_s = −inf`` and weigh nothing. The same code (``_merge_row``) can run at the end of the
-split kernel (``FUSED_MERGE``): each program counts itself in with an atomic add on a counter
-of its rows (release-acquire, after a barrier: NVIDIA's threadFenceReduction CUDA sample); the
-one that brings it to ``num_splits`` sees every split's stores, merges, and resets the counter
-to 0. ``MERGES`` says which path a launch takes.
+``_decode_merge_kernel``: one program per query row, ``lse = log Σ_s exp(lse_s)``, ``o = Σ_s
+exp(lse_s − lse)·o_s`` (lesson 01's (m, d) merge). Empty splits carry ``lse_s = −inf``. The same
+code (``_merge_row``) can end the split kernel (``FUSED_MERGE``): each program counts itself in
+with an atomic add on its rows' counter (release-acquire, after a barrier: NVIDIA's
+threadFenceReduction CUDA sample); the last one merges and resets the counter to 0.
 
 ``paged_decode`` runs the same kernels with ``PAGED=True``: row ``n`` of K/V lives at
-``k_pages[block_table[b, n // block_size], n % block_size, g]`` (PagedAttention: Kwon et al.
-2023, §4.1), a gathered block id per row instead of ``k_cache[b, g, n]``.
-
-Plan and run (``make_plan``, ``run_plan``), as FlashInfer's ``plan()``/``run()``: split count
-(``choose_num_splits``), config (``pick_config``) and buffers are decided once per batch shape;
-a step only launches, reads nothing back and allocates nothing, so it can be captured in a CUDA
-graph. ``run_plan(..., bind=True)`` returns the launches bound to all but what changes from
-step to step: the addresses, the cache's strides and its length (``SPLIT_FREE``;
-``course_lib._launch.bind``). The kernel clamps lengths to [0, N_max] and block ids to
-[0, num_blocks): a wrong value gives a wrong answer, never a read outside the cache. The
-validated functions are ``course_lib.ops.flash_decode`` and ``paged_decode``.
+``k_pages[block_table[b, n // block_size], n % block_size, g]`` (PagedAttention: Kwon et al. 2023,
+§4.1). Plan and run (``make_plan``, ``run_plan``), as FlashInfer's ``plan()``/``run()``: split
+count, config and buffers are decided once per batch shape; a step only launches, so it can be
+captured in a CUDA graph (``bind=True``: launches bound to all but ``SPLIT_FREE``). The kernel
+clamps lengths and block ids: a wrong value gives a wrong answer, never a read outside the cache.
+The validated functions are ``course_lib.ops.flash_decode`` and ``paged_decode``.
 
 Speed (N_q 1, H 32, H_kv 8, D 128, fp16; ``do_bench`` median, L2 flushed; both sides in one run;
 course_lib/data/dropin.json) on an NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0,
-2026-11-27. Planned step as a CUDA graph, against SDPA cuDNN's graph: B 1, N 4k 16.7 µs (19.0
-µs); B 1, N 128k 194.0 µs, 91.7% of the copy bandwidth (192.9 µs); B 8, N 4k 63.1 µs (63.5 µs);
-B 64, N 2k 190.8 µs (190.7 µs). ``flash_decode`` eagerly, default arguments: 19.6, 196.0, 64.5,
-190.7 µs (cuDNN 19.9, 193.6, 63.6, 190.5 µs). Host time of a planned step, GPU idle: 13 µs.
-NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-24 (decode.json):
-paged_decode / flash_decode latency 1.02–1.07× at every shape. Configs and merges measured:
-course_lib/data/decode_sweep.json; the story: course_lib/data/perf_notes.md.
+2026-11-27. Planned step as a CUDA graph, against SDPA cuDNN's graph: B 1, N 4k 16.8 µs (18.8 µs);
+B 1, N 128k 192.9 µs, 92.6% of the copy bandwidth (193.1 µs); B 8, N 4k 63.2 µs (63.7 µs); B 64, N
+2k 190.9 µs (191.4 µs). ``flash_decode`` eagerly, default arguments: 19.9, 194.5, 64.4, 190.9 µs
+(cuDNN 20.1, 194.2, 63.9, 191.6 µs). Host time of a planned step, GPU idle: 10 µs. NVIDIA H100 80GB
+HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-24 (decode.json): paged_decode / flash_decode
+latency 1.02–1.07× at every shape. Measured configs, merges and tile orders: decode_sweep.json,
+decode_interleave.json; the story: perf_notes.md (course_lib/data).
 """
 from __future__ import annotations
 
@@ -67,6 +58,9 @@ from course_lib.reference import LOG2E
 MAX_SPLITS = 256
 PROGRAMS_PER_SM = 2
 MIN_TILES_PER_SPLIT = 2
+# From this many splits of this many tiles on, the splits take the tiles round-robin, streaming
+# through neighbouring tiles together: faster at 16-32 splits of 8-64 tiles (decode_interleave).
+INTERLEAVE_MIN_SPLITS, INTERLEAVE_MIN_TILES = 16, 8
 
 # (BLOCK_N, num_warps, num_stages) by head dim, for the GPU. A tile of K plus one of V is
 # 2·BLOCK_N·D·2 bytes in fp16 (32 KiB for 64 × 128); num_stages tiles are kept in flight. A head
@@ -86,9 +80,8 @@ TUNE_CONFIGS = [
 ]
 INTERPRET_CONFIG = dict(BLOCK_N=16, num_warps=4, num_stages=1)
 # The merge: by the last split of a group of rows ("fused": one launch) or a second kernel
-# ("kernel"). "auto" fuses eagerly (the host's time per launch decides a short step) and takes
-# the merge kernel in a CUDA-graph capture (no host time left; its GPU time was the shorter:
-# course_lib/data/decode_sweep.json).
+# ("kernel"). "auto" fuses eagerly (the host's time per launch decides a short step) and takes the
+# merge kernel in a CUDA-graph capture (its GPU time was the shorter: data/decode_sweep.json).
 MERGES = ("fused", "kernel")
 MERGE_CHUNK = 32  # splits merged per step of the merge loop
 DEFAULT_MERGE = "auto"
@@ -112,7 +105,7 @@ def _decode_split_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQLENS: tl.constexpr,
     IEEE_DOT: tl.constexpr, FUSED_MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
-    CHUNK: tl.constexpr,
+    CHUNK: tl.constexpr, INTERLEAVED: tl.constexpr,
 ):
     split = tl.program_id(0)
     bg = tl.program_id(1)  # b * H_kv + g
@@ -125,11 +118,14 @@ def _decode_split_kernel(
         seqlen = tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), N_MAX)
     else:
         seqlen = N_MAX
-    # Split s owns whole BLOCK_N tiles [s·T, (s+1)·T) of this sequence's keys.
-    n_tiles = tl.cdiv(seqlen, BLOCK_N)
-    tiles_per_split = tl.cdiv(n_tiles, NUM_SPLITS)
-    start = split * tiles_per_split * BLOCK_N
-    end = tl.minimum(start + tiles_per_split * BLOCK_N, seqlen)
+    if INTERLEAVED:  # tiles dealt round-robin: split s owns tiles s, s + S, s + 2S, ...
+        step: tl.constexpr = NUM_SPLITS * BLOCK_N
+        start, end = split * BLOCK_N, seqlen
+    else:  # split s owns a run of whole BLOCK_N tiles [s·T, (s+1)·T) of this sequence's keys
+        step: tl.constexpr = BLOCK_N
+        tiles_per_split = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), NUM_SPLITS)
+        start = split * tiles_per_split * BLOCK_N
+        end = tl.minimum(start + tiles_per_split * BLOCK_N, seqlen)
 
     # Rows of this program: r = head_in_group · N_Q + query_index (G·N_Q rows per kv head).
     offs_r = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
@@ -166,7 +162,7 @@ def _decode_split_kernel(
         k_base = K + b.to(tl.int64) * stride_kb + g * stride_kh
         v_base = V + b.to(tl.int64) * stride_vb + g * stride_vh
 
-    for start_n in range(start, end, BLOCK_N):
+    for start_n in range(start, end, step):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) logical key positions
         n_ok = offs_n < end
         if PAGED:
@@ -283,10 +279,8 @@ def _decode_merge_kernel(
     HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr = 16,
 ):
     row = tl.program_id(0)  # (b·H + h)·N_Q + i
-    i = row % N_Q
-    bh = row // N_Q
-    b = bh // H
-    h = bh % H
+    bh, i = row // N_Q, row % N_Q
+    b, h = bh // H, bh % H
     _merge_row(O_PART, LSE_PART, row,
                OUT + b.to(tl.int64) * stride_ob + h * stride_oh + i * stride_om, LSE_OUT,
                NUM_SPLITS, BLOCK_S, HEAD_DIM, CHUNK)
@@ -350,8 +344,8 @@ def choose_num_splits(batch: int, kv_heads: int, n_keys: int, block_n: int,
 
 
 def split_bounds(seqlen: int, num_splits: int, block_n: int) -> list[tuple[int, int]]:
-    """The key range [start, end) of every split of a sequence, as the split kernel cuts it:
-    ``num_splits`` runs of ⌈⌈L/BLOCK_N⌉/num_splits⌉ whole tiles; the last runs may be empty.
+    """Each split's key range [start, end): ``num_splits`` runs of ⌈⌈L/BLOCK_N⌉/num_splits⌉ whole
+    tiles, the last may be empty; the kernel's cut unless the plan deals the tiles (``make_plan``).
 
     >>> split_bounds(100, 3, 16)    # 7 tiles: 3 + 3 + 1
     [(0, 48), (48, 96), (96, 100)]
@@ -406,16 +400,18 @@ class SplitPlan:
     # (signature, launch): the split kernel of the last eager call, bound to all but addresses
     bound: tuple | None = None
     lse_scratch: torch.Tensor | None = None  # the lse of eager calls that do not return it
+    interleaved: bool = False  # tiles dealt to the splits round-robin (``make_plan``)
 
 
 def make_plan(B: int, H: int, H_kv: int, N_q: int, D: int, n_max: int, device, *,
               num_splits: int | None = None, config: dict | None = None, paged: bool = False,
               page_size: int = 1, num_blocks: int = 1, sm_count: int | None = None,
-              merge: str = DEFAULT_MERGE) -> SplitPlan:
+              merge: str = DEFAULT_MERGE, interleaved: bool | None = None) -> SplitPlan:
     """A ``SplitPlan`` for caches of at most ``n_max`` keys (inputs already validated).
 
     ``merge``: "fused" (the last split of each group of rows merges them: one launch),
-    "kernel" (a second kernel merges every row: two launches) or "auto" (``MERGES``)."""
+    "kernel" (a second kernel merges every row: two launches) or "auto" (``MERGES``).
+    ``interleaved``: deal the tiles round-robin (None: by ``INTERLEAVE_MIN_SPLITS``, ``_TILES``)."""
     if merge not in ("auto", *MERGES):
         raise ValueError(f"merge must be one of {('auto', *MERGES)}, got {merge!r}")
     rows = (H // H_kv) * N_q
@@ -429,6 +425,9 @@ def make_plan(B: int, H: int, H_kv: int, N_q: int, D: int, n_max: int, device, *
                                        max_splits=INTERPRET_MAX_SPLITS if INTERPRET else MAX_SPLITS)
     plan = SplitPlan(B, H, H_kv, N_q, D, n_max, paged, page_size, num_blocks, num_splits,
                      block_m, m_tiles, cfg, merge, o_part=None, lse_part=None, arrived=None)
+    tiles = cdiv(n_max, cfg["BLOCK_N"] * num_splits)  # per split
+    plan.interleaved = (num_splits >= INTERLEAVE_MIN_SPLITS and tiles >= INTERLEAVE_MIN_TILES
+                        if interleaved is None else interleaved)
     if num_splits > 1:  # scratch for the partials (one split writes the answer directly)
         plan.o_part = _empty((B, H, N_q, num_splits, D), device=device, dtype=torch.float32)
         plan.lse_part = _empty((B, H, N_q, num_splits), device=device, dtype=torch.float32)
@@ -440,7 +439,7 @@ def make_plan(B: int, H: int, H_kv: int, N_q: int, D: int, n_max: int, device, *
 
 def capturing() -> bool:
     """Whether the current CUDA stream is being captured into a CUDA graph."""
-    return not INTERPRET and torch.cuda.is_current_stream_capturing()
+    return not INTERPRET and torch._C._cuda_isCurrentStreamCapturing()  # (no Python wrapper)
 
 
 # What a bound launch of the split kernel takes anew (course_lib._launch.bind): the addresses of
@@ -487,7 +486,8 @@ def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, ou
                BLOCK_M=plan.block_m, BLOCK_N=cfg["BLOCK_N"], PAGED=plan.paged,
                PAGE_SIZE=plan.page_size, HAS_SEQLENS=has_seqlens,
                IEEE_DOT=q.dtype == torch.float32, FUSED_MERGE=fused, BLOCK_S=block_s,
-               CHUNK=chunk, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+               CHUNK=chunk, INTERLEAVED=plan.interleaved, num_warps=cfg["num_warps"],
+               num_stages=cfg["num_stages"])
     launches = [split]
     if S > 1 and not fused:
         go = functools.partial(bind_launch, 0) if bind else launch

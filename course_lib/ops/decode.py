@@ -170,6 +170,12 @@ def _stream_id(device_index: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device_index)
 
 
+def _capturing(stream: int) -> bool:
+    """Whether the current stream, ``stream`` (``_stream_id``), is being captured. CUDA refuses
+    to capture the default stream (0), so an eager call on it asks the driver nothing."""
+    return stream != 0 and kd.capturing()
+
+
 def _keep_plan(key, plan) -> None:
     _PLANS[key] = plan
     if len(_PLANS) > _MAX_PLANS:
@@ -238,11 +244,11 @@ def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_spl
             block_table.data_ptr() if has_table else 0, out.data_ptr(), lse.data_ptr())
     if (bound is not None and bound[0] == sig and not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]
                                                        | ptrs[4] | ptrs[5] | ptrs[6]) & 15
-            and not hooks_installed() and not kd.capturing()):
+            and not hooks_installed() and not _capturing(key[12])):
         bound[1](ptrs[0], ptrs[1], ptrs[2], ptrs[3] if has_lens else ptrs[0],
                  ptrs[4] if has_table else ptrs[0], ptrs[5], ptrs[6], *geometry)
     else:
-        bind = not kd.capturing()
+        bind = not _capturing(key[12])
         launches = kd.run_plan(plan, q, k, v, seqlens, block_table, sm_scale, out, lse,
                                bind=bind, n_max=n_max)
         if not (bind and launches is not None and len(launches) == 1):
@@ -288,8 +294,9 @@ class _Repeat:
 
     def __call__(self, q, k, v, lens):
         plan = self.plan
-        if (plan.bound is not self.bound or _PLANS is not self.plans or hooks_installed()
-                or kd.capturing() or _stream_id(self.dev) != self.stream):
+        stream = _stream_id(self.dev)
+        if (plan.bound is not self.bound or _PLANS is not self.plans or stream != self.stream
+                or hooks_installed() or _capturing(stream)):
             return None
         p, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
         lp = p if lens is None else lens.data_ptr()
@@ -489,8 +496,7 @@ class DecodePlan:
         self.lse = kd._empty((B, H, N_q), device=q.device, dtype=torch.float32)
         self._q_stride, self._device_index = tuple(q.stride()), q.get_device()
         self._out_ptrs = (self.out.data_ptr(), self.lse.data_ptr())
-        # (k_cache, v_cache, cache_seqlens, block_table, launches, the caches' geometry)
-        self._bound = None
+        self._bound = None  # the launches of the last step, bound (``run``)
 
     def run(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, return_lse=False):
         """One decode step into the plan's buffers: returns ``self.out`` (and ``self.lse``).
@@ -510,24 +516,28 @@ class DecodePlan:
         # device and 16-byte alignment (what the compiled kernels are specialised on), no
         # profiler hooks and no CUDA-graph capture. A step is then one call into Triton's C
         # launcher per kernel: no key, no Triton binding (lesson 12, section 8).
+        stream = _stream_id(self._device_index)
         if (bound is not None and bound[0] is k_cache and bound[1] is v_cache
                 and bound[2] is cache_seqlens and bound[3] is block_table
                 and q.stride() == self._q_stride and q.get_device() == self._device_index
-                and not q.data_ptr() & 15 and not hooks_installed() and not kd.capturing()):
+                and not q.data_ptr() & 15 and not hooks_installed() and not _capturing(stream)):
             p = q.data_ptr()
-            bound[4][0](p, k_cache.data_ptr(), v_cache.data_ptr(),
-                        p if cache_seqlens is None else cache_seqlens.data_ptr(),
-                        p if block_table is None else block_table.data_ptr(),
-                        self._out_ptrs[0], self._out_ptrs[1], *bound[5])
-            for merge in bound[4][1:]:
+            bound[4](p, k_cache.data_ptr(), v_cache.data_ptr(),
+                     p if cache_seqlens is None else cache_seqlens.data_ptr(),
+                     p if block_table is None else block_table.data_ptr(), *bound[6])
+            for merge in bound[5]:
                 merge()
         else:
-            bind = not kd.capturing()
+            bind = not _capturing(stream)
             launches = kd.run_plan(self.plan, q, k_cache, v_cache, cache_seqlens, block_table,
                                    self.sm_scale, self.out, self.lse, bind=bind)
+            # (k_cache, v_cache, cache_seqlens, block_table, the split kernel's launch, the
+            # merge kernel's, the split launch's fixed tail: O, lse, the caches' geometry)
             self._bound = (None if not bind or launches is None else
-                           (k_cache, v_cache, cache_seqlens, block_table, launches,
-                            (*kd.cache_geometry(self.paged, k_cache, v_cache), self.plan.n_max)))
+                           (k_cache, v_cache, cache_seqlens, block_table, launches[0],
+                            tuple(launches[1:]),
+                            (*self._out_ptrs, *kd.cache_geometry(self.paged, k_cache, v_cache),
+                             self.plan.n_max)))
         return (self.out, self.lse) if return_lse else self.out
 
 

@@ -3,7 +3,8 @@ merge weighs the splits.
 
 Introduced in notebooks/12_flash_decoding.ipynb. ``draw_split_kv`` draws one query row of one
 head attending to ``L`` keys cut the way ``course_lib.kernels.decode`` cuts them
-(``split_bounds``: whole BLOCK_N tiles per split, the last splits possibly empty). The same
+(``split_bounds``: whole BLOCK_N tiles per split, the last splits possibly empty; a plan of many
+long splits deals the tiles round-robin instead, lesson 12 section 5). The same
 function draws the static figure (``split_kv_figure``) and every frame of the sliders
 (``split_kv_widget``).
 

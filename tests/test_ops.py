@@ -601,6 +601,26 @@ def test_a_decode_call_shaped_like_an_earlier_one_repeats_its_bound_launch(monke
     assert len(checks) == n + 3
 
 
+def test_a_kept_output_layout_allocates_like_q_only_where_that_is_os_layout():
+    """OutputLike (the remembered calls' O): ``torch.empty_like(q)`` where it gives O's shape,
+    strides, dtype and device (a dense q), else O's kept shape and layout; the tests' poisoned
+    allocator wins when given."""
+    from course_lib.kernels.attention_common import OutputLike, empty_output
+
+    dense = fresh_randn(2, 7, 4, 16).transpose(1, 2)  # (B, H, N, D) seen through a transpose
+    packed = fresh_randn(2, 4, 7, 48)[..., :16]  # q cut from a packed qkv: a contiguous O
+    odd = fresh_randn(2, 16, 4, 7).permute(0, 2, 3, 1)  # dense, but O is contiguous, not so
+    for q, like in ((dense, True), (packed, True), (odd, False), (fresh_randn(2, 4, 7, 16), True)):
+        o = empty_output(q)
+        kept = OutputLike(o, q)
+        assert kept.like is like
+        again = kept(None, q)
+        assert (again.shape, again.stride(), again.dtype) == (o.shape, o.stride(), o.dtype)
+        poisoned = kept(lambda *a, **kw: torch.full(*a, float("nan"), **kw), q)
+        assert poisoned.shape == o.shape and torch.isnan(poisoned).all()
+    assert OutputLike(empty_output(dense)).like is False  # no q given: the kept layout
+
+
 def test_a_forward_call_shaped_like_an_earlier_one_skips_the_checks(monkeypatch):
     """flash_attn_v2's remembered checks (ops.attention._CHECKED; the GPU's, turned on here):
     same answer, checked once; bad input and calls that need the autograd or the lse still go

@@ -32,10 +32,10 @@ The validated functions are ``course_lib.ops.flash_decode`` and ``paged_decode``
 
 Speed (N_q 1, H 32, H_kv 8, D 128, fp16; ``do_bench`` median, L2 flushed; both sides in one run;
 course_lib/data/dropin.json) on an NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0,
-2026-11-27. Planned step as a CUDA graph, against SDPA cuDNN's graph: B 1, N 4k 16.8 µs (18.8 µs);
-B 1, N 128k 192.9 µs, 92.6% of the copy bandwidth (193.1 µs); B 8, N 4k 63.2 µs (63.7 µs); B 64, N
-2k 190.9 µs (191.4 µs). ``flash_decode`` eagerly, default arguments: 19.9, 194.5, 64.4, 190.9 µs
-(cuDNN 20.1, 194.2, 63.9, 191.6 µs). Host time of a planned step, GPU idle: 10 µs. NVIDIA H100 80GB
+2026-11-27. Planned step as a CUDA graph, against SDPA cuDNN's graph: B 1, N 4k 16.4 µs (18.6 µs);
+B 1, N 128k 192.4 µs, 92.4% of the copy bandwidth (192.6 µs); B 8, N 4k 63.2 µs (62.6 µs); B 64, N
+2k 190.8 µs (190.6 µs). ``flash_decode`` eagerly, default arguments: 19.4, 194.4, 64.7, 190.1 µs
+(cuDNN 19.5, 193.6, 62.3, 190.6 µs). Host time of a planned step, GPU idle: 13 µs. NVIDIA H100 80GB
 HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-24 (decode.json): paged_decode / flash_decode
 latency 1.02–1.07× at every shape. Measured configs, merges and tile orders: decode_sweep.json,
 decode_interleave.json; the story: perf_notes.md (course_lib/data).

@@ -127,7 +127,7 @@ def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=N
         if checked_key is not None:
             again = bound_launch(q, k, v, o, causal, sm_scale) if impl == "portable" else None
             keep(_CHECKED, checked_key, (_Checked(_FORWARDS[impl], causal, sm_scale)
-                                         if again is None else _Bound(again, o)), 256)
+                                         if again is None else _Bound(again, o, q)), 256)
     return (o, lse) if return_lse else o
 
 
@@ -149,13 +149,13 @@ class _Bound:
 
     __slots__ = ("again", "new_out")
 
-    def __init__(self, again, o):
-        self.again, self.new_out = again, OutputLike(o)
+    def __init__(self, again, o, q):
+        self.again, self.new_out = again, OutputLike(o, q)
 
     def __call__(self, q, k, v):
         if hooks_installed():
             return None
-        o = self.new_out()
+        o = self.new_out(None, q)
         p = o.data_ptr()
         self.again(q.data_ptr(), k.data_ptr(), v.data_ptr(), p, p)
         return o

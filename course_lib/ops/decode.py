@@ -255,7 +255,7 @@ def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_spl
             return out, lse
         plan.bound = (sig, launches[0])
     if repeat_key is not None and scratch and not ptrs[6] & 15:
-        keep(_REPEATS, repeat_key, _Repeat(plan, geometry, out, dev, key[12]), _MAX_REPEATS)
+        keep(_REPEATS, repeat_key, _Repeat(plan, geometry, out, q, dev, key[12]), _MAX_REPEATS)
     return out, lse
 
 
@@ -270,6 +270,7 @@ def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_spl
 # model makes that call once per layer, so from the second layer of a step on every call does.
 _REPEATS: dict = {}
 _MAX_REPEATS = 64
+_PLAIN_EMPTY = kd._empty
 
 
 def _repeat_key(q, k, v, lens, sm_scale) -> tuple:
@@ -288,9 +289,9 @@ class _Repeat:
 
     __slots__ = ("plans", "plan", "bound", "geometry", "new_out", "dev", "stream")
 
-    def __init__(self, plan, geometry, out, dev, stream):
+    def __init__(self, plan, geometry, out, q, dev, stream):
         self.plans, self.plan, self.bound, self.geometry = _PLANS, plan, plan.bound, geometry
-        self.new_out, self.dev, self.stream = OutputLike(out), dev, stream
+        self.new_out, self.dev, self.stream = OutputLike(out, q), dev, stream
 
     def __call__(self, q, k, v, lens):
         plan = self.plan
@@ -302,7 +303,8 @@ class _Repeat:
         lp = p if lens is None else lens.data_ptr()
         if (p | kp | vp | lp) & 15:
             return None
-        out = self.new_out(kd._empty)
+        empty = kd._empty  # the tests' poisoned allocator where they installed one
+        out = self.new_out(None if empty is _PLAIN_EMPTY else empty, q)
         self.bound[1](p, kp, vp, lp, p, out.data_ptr(), plan.lse_scratch.data_ptr(),
                       *self.geometry)
         return out

@@ -32,10 +32,10 @@ The validated functions are ``course_lib.ops.flash_decode`` and ``paged_decode``
 
 Speed (N_q 1, H 32, H_kv 8, D 128, fp16; ``do_bench`` median, L2 flushed; both sides in one run;
 course_lib/data/dropin.json) on an NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0,
-2026-11-27. Planned step as a CUDA graph, against SDPA cuDNN's graph: B 1, N 4k 16.4 µs (18.6 µs);
-B 1, N 128k 192.4 µs, 92.4% of the copy bandwidth (192.6 µs); B 8, N 4k 63.2 µs (62.6 µs); B 64, N
-2k 190.8 µs (190.6 µs). ``flash_decode`` eagerly, default arguments: 19.4, 194.4, 64.7, 190.1 µs
-(cuDNN 19.5, 193.6, 62.3, 190.6 µs). Host time of a planned step, GPU idle: 13 µs. NVIDIA H100 80GB
+2026-11-27. Planned step as a CUDA graph, against SDPA cuDNN's graph: B 1, N 4k 16.7 µs (18.8 µs);
+B 1, N 128k 192.9 µs, 92.3% of the copy bandwidth (193.1 µs); B 8, N 4k 63.4 µs (63.8 µs); B 64, N
+2k 191.0 µs (190.8 µs). ``flash_decode`` eagerly, default arguments: 19.6, 194.6, 64.3, 191.1 µs
+(cuDNN 19.9, 194.1, 63.2, 190.7 µs). Host time of a planned step, GPU idle: 7 µs. NVIDIA H100 80GB
 HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-24 (decode.json): paged_decode / flash_decode
 latency 1.02–1.07× at every shape. Measured configs, merges and tile orders: decode_sweep.json,
 decode_interleave.json; the story: perf_notes.md (course_lib/data).
@@ -94,13 +94,13 @@ INTERPRET_MAX_SPLITS = 4  # the interpreter runs programs one after another: kee
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, SEQLENS, BLOCK_TABLE, OUT, LSE_OUT, O_PART, LSE_PART, ARRIVED,
-    stride_qb, stride_qh, stride_qm,
+    Q, K, V, SEQLENS, BLOCK_TABLE, OUT, LSE_OUT,  # these 14 first: what a bound launch takes anew
     stride_kb, stride_kh, stride_kn,  # contiguous: (B, H_kv, N) strides; paged: (block, head, slot)
-    stride_vb, stride_vh, stride_vn,
+    stride_vb, stride_vh, stride_vn, N_MAX,
+    O_PART, LSE_PART, ARRIVED, stride_qb, stride_qh, stride_qm,
     stride_btb,
     stride_ob, stride_oh, stride_om,
-    qk_scale, H, N_MAX, NUM_BLOCKS,
+    qk_scale, H, NUM_BLOCKS,
     N_Q: tl.constexpr, GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQLENS: tl.constexpr,
@@ -442,9 +442,9 @@ def capturing() -> bool:
     return not INTERPRET and torch._C._cuda_isCurrentStreamCapturing()  # (no Python wrapper)
 
 
-# What a bound launch of the split kernel takes anew (course_lib._launch.bind): the addresses of
-# q, k, v, seqlens, block_table, out, lse, the cache's six strides and N_MAX (a growing cache).
-SPLIT_FREE = (0, 1, 2, 3, 4, 5, 6, 13, 14, 15, 16, 17, 18, 25)
+# A bound launch of the split kernel (course_lib._launch.bind) takes its first 14 arguments anew:
+# the addresses of q, k, v, seqlens, block_table, out, lse, the cache's 6 strides, N_MAX.
+SPLIT_FREE = 14
 
 
 def cache_geometry(paged: bool, k, v) -> tuple:
@@ -479,9 +479,9 @@ def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, ou
                                  (plan.o_part, plan.lse_part, plan.arrived))
     split = go(_decode_split_kernel, (S, B * plan.H_kv, plan.m_tiles),
                q, k, v, seqlens if has_seqlens else q, block_table if plan.paged else q,
-               out, lse, o_part, lse_part, arrived,
-               sq[0], sq[1], sq[2], skb, skh, skn, svb, svh, svn, stride_bt, so[0], so[1], so[2],
-               sm_scale * LOG2E, H, plan.n_max if n_max is None else n_max, plan.num_blocks,
+               out, lse, skb, skh, skn, svb, svh, svn, plan.n_max if n_max is None else n_max,
+               o_part, lse_part, arrived, sq[0], sq[1], sq[2], stride_bt, so[0], so[1], so[2],
+               sm_scale * LOG2E, H, plan.num_blocks,
                N_Q=N_q, GROUP=H // plan.H_kv, NUM_SPLITS=S, HEAD_DIM=D,
                BLOCK_M=plan.block_m, BLOCK_N=cfg["BLOCK_N"], PAGED=plan.paged,
                PAGE_SIZE=plan.page_size, HAS_SEQLENS=has_seqlens,

@@ -741,7 +741,7 @@ def facts() -> dict[str, Fact]:
             ours, sdpa = row[f"{phase}_ms_course_kernels"], row[f"{phase}_ms_sdpa"]
             add(f"llama_{phase}_{n}", f"{ours:.1f} / {sdpa:.1f} ms", "README",
                 f"data/llama.json prompt {n}: {phase} ms, course kernels / SDPA")
-    _pairs_fact(add, llama, "llama", 512, "decode", "src:course_lib/hf.py")
+    _pairs_fact(add, "llama", llama, 512, "decode", "src:course_lib/hf.py")
 
     # Drop-in use (issue 20): eager and graphed decode, host time, padded head dims, compiled
     drop = load_result("dropin")
@@ -811,18 +811,17 @@ def facts() -> dict[str, Fact]:
                         "README nb:14_llama_capstone",
                     f"data/capstone_compiled.json prompt {n}: {mode} {phase}, ours / SDPA")
     for n, measure in ((2048, "prefill"), (512, "decode_compiled"), (2048, "decode_compiled")):
-        _pairs_fact(add, cap, "cap", n, measure, "nb:14_llama_capstone")
+        _pairs_fact(add, "capstone_compiled", cap, n, measure, "nb:14_llama_capstone")
     return f
 
 
-def _pairs_fact(add, result: dict, name: str, prompt: int, measure: str, where: str) -> None:
+def _pairs_fact(add, name: str, result: dict, prompt: int, measure: str, where: str) -> None:
     """"k of n pairs": in how many of the pairs timed in turns our kernels were the faster
-    (``hf.paired``), for one prompt length and measure of a stored capstone run."""
+    (``hf.paired``), for one prompt length and measure of the stored capstone run ``name``."""
     row = next(r for r in result["rows"] if r["prompt"] == prompt)
     p = row["paired"][measure]
     add(f"{name}_pairs_{measure}_{prompt}", f"{round(p['won'] * p['pairs'])} of {p['pairs']} pairs",
-        where, f"data/{'llama' if name == 'llama' else 'capstone_compiled'}.json prompt {prompt}, "
-        f"{measure}: pairs in which ours was the faster")
+        where, f"data/{name}.json prompt {prompt}, {measure}: pairs in which ours was the faster")
 
 
 # --------------------------------------------------------------------------------------------

@@ -208,13 +208,13 @@ def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_spl
 
     out = empty_output(q, kd._empty)  # laid out as q is: a transposed q's O needs no copy
     dev = q.get_device()  # (an int: cheaper than q.device in a key)
+    stream = _stream_id(dev)
     key = (B, H, H_kv, N_q, D, n_plan, paged, page_size, num_blocks, num_splits,
-           None if cfg is None else tuple(sorted(cfg.items())), dev, _stream_id(dev),
-           reuse)
+           None if cfg is None else tuple(sorted(cfg.items())), dev, stream, reuse)
     plan, once = _PLANS.get(key), False
     if plan is None:
         # a plan made for one call knows whether it is being captured (no counters to zero)
-        merge = "auto" if reuse else "kernel" if kd.capturing() else "fused"
+        merge = "auto" if reuse else "kernel" if _capturing(stream) else "fused"
         plan = kd.make_plan(B, H, H_kv, N_q, D, n_plan, q.device, num_splits=num_splits,
                             config=cfg, paged=paged, page_size=page_size, num_blocks=num_blocks,
                             merge=merge)
@@ -244,18 +244,18 @@ def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_spl
             block_table.data_ptr() if has_table else 0, out.data_ptr(), lse.data_ptr())
     if (bound is not None and bound[0] == sig and not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]
                                                        | ptrs[4] | ptrs[5] | ptrs[6]) & 15
-            and not hooks_installed() and not _capturing(key[12])):
+            and not hooks_installed() and not _capturing(stream)):
         bound[1](ptrs[0], ptrs[1], ptrs[2], ptrs[3] if has_lens else ptrs[0],
                  ptrs[4] if has_table else ptrs[0], ptrs[5], ptrs[6], *geometry)
     else:
-        bind = not _capturing(key[12])
+        bind = not _capturing(stream)
         launches = kd.run_plan(plan, q, k, v, seqlens, block_table, sm_scale, out, lse,
                                bind=bind, n_max=n_max)
         if not (bind and launches is not None and len(launches) == 1):
             return out, lse
         plan.bound = (sig, launches[0])
     if repeat_key is not None and scratch and not ptrs[6] & 15:
-        keep(_REPEATS, repeat_key, _Repeat(plan, geometry, out, q, dev, key[12]), _MAX_REPEATS)
+        keep(_REPEATS, repeat_key, _Repeat(plan, geometry, out, q, dev, stream), _MAX_REPEATS)
     return out, lse
 
 

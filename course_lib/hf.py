@@ -51,17 +51,17 @@ built from a config.
 Measured speed (course_lib/data/llama.json, drawn by ``course_lib.diagrams.capstone``; NVIDIA
 H100 80GB HBM3, torch 2.11, the 1.24 B-parameter config in bf16, batch 1; both sides timed the
 same way, eager PyTorch, in turns, wall clock between ``torch.cuda.synchronize()`` calls:
-``time_prefills_in_turns`` and ``time_decodes_in_turns`` below): prefill of 8192 tokens 51.2 ms
-with the course kernels against 52.7 ms with SDPA (512 tokens: 19.6 and 20.4 ms); decode
-11.6–14.7 ms per token with the course kernels and 11.8–15.1 ms with SDPA, from 512 to 8192
-tokens of context (at 512 SDPA's median was the lower, while ours was the faster step in 61 of
-96 pairs): bound by the host's work per token (launches, Python, the cache's copies) more
-than by the GPU's attention. Compiled, with a static cache and the decode step as a CUDA graph
+``time_prefills_in_turns`` and ``time_decodes_in_turns`` below): prefill of 8192 tokens 51.0 ms
+with the course kernels against 52.3 ms with SDPA (512 tokens: 10.5 and 11.3 ms); decode
+9.9–11.2 ms per token with the course kernels and 10.4–11.7 ms with SDPA, from 512 to 8192
+tokens of context (at 512 ours was the faster step in 78 of 96 pairs): bound by the host's
+work per token (launches, Python, the cache's copies) more than by the GPU's attention.
+Compiled, with a static cache and the decode step as a CUDA graph
 (``time_compiled_decodes_in_turns``, ``time_prefills_in_turns`` with ``compiled=True``;
 course_lib/data/capstone_compiled.json, both sides in one run), a token takes a fraction of its
-eager time on both sides (2.43 against 2.76 ms at a 512-token prompt, 2.79 against 3.12 ms at
-2048); notebooks/14_llama_capstone.ipynb, section 7, gives
-every number, generated from that file.
+eager time on both sides (2.42 against 2.66 ms at a 512-token prompt, 3.19 against 3.81 ms at
+2048); notebooks/14_llama_capstone.ipynb, section 7, gives every number, generated from that
+file.
 """
 from __future__ import annotations
 

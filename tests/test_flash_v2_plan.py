@@ -13,6 +13,7 @@ from course_lib.analysis import flash_v2 as plan
 from course_lib.analysis import hopper as hp
 from course_lib.bench import attention as ab
 from course_lib.bench import common
+from course_lib.bench.common import load_result
 from course_lib.bench.plots import plot_attention
 from course_lib.exercises import flash_v2 as ex
 from course_lib.exercises.attention import rescale_update_solution
@@ -218,7 +219,7 @@ def test_shared_memory_per_stage():
     assert kept256 == ["64x64 w4 s2 Q smem pinned"]
     assert all(r["fits"] for r in rows if r["D"] == 64)  # everything fits at D 64 ...
     kept64 = [r["config"] for r in rows if r["D"] == 64 and r["kept"]]
-    assert kept64 == ["128x64 w4 s3 pinned"]  # measured
+    assert kept64 == ["128x64 w4 s3 pinned", "64x64 w4 s3 pinned"]  # measured (short causal)
 
 
 def test_ceiling_model():
@@ -384,6 +385,25 @@ def test_hopper_configs_per_head_dim():
         hop.HOPPER_CONFIGS, {"HEAD_DIM": 64, "CAUSAL": True})] == ["128x64 w4 s3 pinned"]
     # a row without a measured config falls back to the last config rather than to nothing
     assert len(hop.keep_hopper_config(hop.HOPPER_CONFIGS[:2], {"HEAD_DIM": 64})) == 1
+
+
+def test_short_causal_sequences_at_d64_take_64_row_tiles():
+    def kept(d, causal, n_bucket):
+        return [hp.config_label(c) for c in hop.keep_hopper_config(
+            hop.HOPPER_CONFIGS, {"HEAD_DIM": d, "N_BUCKET": n_bucket}, CAUSAL=causal)]
+
+    assert hop.SHORT_CAUSAL_N == 2048
+    for n in (16, 1024, 2048):
+        assert kept(64, True, n) == kept(32, True, n) == ["64x64 w4 s3 pinned"]
+        assert kept(64, False, n) == ["128x64 w4 s3 pinned"]  # non-causal: as before
+        assert kept(128, True, n) == ["64x64 w4 s3 l-MMA pinned"]  # other head dims: as before
+    assert kept(64, True, 4096) == ["128x64 w4 s3 pinned"]
+    # the stored paired run the rule was read off: 64-row tiles won at every causal point up to
+    # SHORT_CAUSAL_N in most rounds, and lost at B 8, N 4k and longer
+    rows = [r for r in load_result("hopper_short_causal")["rows"] if r["causal"]]
+    assert rows and all(r["won_64x64_vs_128x64"] >= 5 for r in rows
+                        if r["N"] <= hop.SHORT_CAUSAL_N)
+    assert any(r["won_64x64_vs_128x64"] <= 2 for r in rows if r["N"] > hop.SHORT_CAUSAL_N)
 
 
 def test_tile_idea_rows_from_the_stored_paired_runs():

@@ -55,7 +55,8 @@ def max_stages(BLOCK_M: int, BLOCK_N: int, D: int, budget_bytes: int, elem_bytes
 def config_rows(configs=None, head_dims=(64, 128, 256), gpu: str | GPUSpec = "H100-SXM",
                 keep=None) -> list[dict]:
     """Per (head dim, config): the estimate, whether it fits one block's shared memory, and
-    whether the kernel's filter (``keep_hopper_config`` unless ``keep`` is given) keeps it."""
+    whether the kernel's filter (``keep_hopper_config`` unless ``keep`` is given) keeps it for
+    some call: causal or not, short or long (``N_BUCKET``)."""
     from course_lib.kernels import flash_v2_hopper as hop
 
     configs = hop.HOPPER_CONFIGS if configs is None else configs
@@ -64,7 +65,8 @@ def config_rows(configs=None, head_dims=(64, 128, 256), gpu: str | GPUSpec = "H1
     budget = spec.smem_per_block_bytes or spec.smem_per_sm_bytes
     rows = []
     for d in head_dims:
-        kept = {id(c) for c in keep(configs, {"HEAD_DIM": d})}
+        kept = {id(c) for causal in (False, True) for n in (hop.SHORT_CAUSAL_N, 1 << 30)
+                for c in keep(configs, {"HEAD_DIM": d, "N_BUCKET": n}, CAUSAL=causal)}
         for c in configs:
             est = smem_bytes(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], d, c.num_stages,
                              q_in_regs=c.kwargs.get("Q_IN_REGS", False))

@@ -52,16 +52,17 @@ def kv_per_token():
     return fig
 
 
-def decode_grid(sms: int = 132, programs_per_sm: int = 2):
+def decode_grid(sms: int = 132):
     """Programs launched at N_q = 1 against the batch: one program per (batch, head) as the
     course's ``flash_attn_v2`` forward launches at decode shapes, and split-KV
-    (``flash_decode``), against the H100's SMs."""
+    (``flash_decode``, its split count from ``choose_num_splits`` for a long cache), against
+    the H100's SMs."""
     from course_lib.iomodel.decode import fa_forward_programs, split_kv_programs
+    from course_lib.kernels.decode import choose_num_splits
 
     batches = [1, 2, 4, 8, 16, 32]
     H, H_kv = 32, 8
-    wanted = [programs_per_sm * sms // (b * H_kv) for b in batches]
-    splits = [1 << max(0, w.bit_length() - 1) for w in wanted]
+    splits = [choose_num_splits(b, H_kv, 131072, 64, sm_count=sms) for b in batches]
     fig = slide_figure(560, 400)
     ax = fig.subplots()
     ax.plot(batches, [fa_forward_programs(b, H, 1) for b in batches], "o-", color=C_OLD, lw=3,

@@ -186,10 +186,10 @@ def launch(kernel, tuned, configs, keep, grid_of, args, meta, n_bucket, prepare=
             _TUNED_PICK[tune_key] = tuned.best_config
             return None
     else:
-        cfg_key = (id(configs), keep, *meta.items())
+        cfg_key = (id(configs), keep, n_bucket, *meta.items())
         cfg = _FIRST_KEPT.get(cfg_key)
-        if cfg is None:  # the filter runs once per (config list, head dim, causal, precision)
-            cfg = _FIRST_KEPT[cfg_key] = keep(configs, {}, **meta)[0]
+        if cfg is None:  # the filter runs once per (configs, length bucket, head dim, causal, ...)
+            cfg = _FIRST_KEPT[cfg_key] = keep(configs, {"N_BUCKET": n_bucket}, **meta)[0]
     if INTERPRET:  # the GPU's code path (Q_IN_REGS, ROWSUM_MMA, ...) with small tiles
         blocks, options = {**cfg.kwargs, **INTERPRETER_BLOCKS}, {}
     else:

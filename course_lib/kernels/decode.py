@@ -32,13 +32,13 @@ The validated functions are ``course_lib.ops.flash_decode`` and ``paged_decode``
 
 Speed (N_q 1, H 32, H_kv 8, D 128, fp16; ``do_bench`` median, L2 flushed; both sides in one run;
 course_lib/data/dropin.json) on an NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0,
-2026-11-27. Planned step as a CUDA graph, against SDPA cuDNN's graph: B 1, N 4k 16.7 µs (18.8 µs);
-B 1, N 128k 192.9 µs, 92.3% of the copy bandwidth (193.1 µs); B 8, N 4k 63.4 µs (63.8 µs); B 64, N
-2k 191.0 µs (190.8 µs). ``flash_decode`` eagerly, default arguments: 19.6, 194.6, 64.3, 191.1 µs
-(cuDNN 19.9, 194.1, 63.2, 190.7 µs). Host time of a planned step, GPU idle: 7 µs. NVIDIA H100 80GB
-HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-24 (decode.json): paged_decode / flash_decode
-latency 1.02–1.07× at every shape. Measured configs, merges and tile orders: decode_sweep.json,
-decode_interleave.json; the story: perf_notes.md (course_lib/data).
+2026-11-27. Planned step as a CUDA graph, against SDPA cuDNN's graph: B 1, N 4k 16.4 µs (18.7 µs);
+B 1, N 128k 188.6 µs, 94.3% of the copy bandwidth (192.8 µs); B 8, N 4k 62.1 µs (63.9 µs); B 64,
+N 2k 190.9 µs (190.7 µs). ``flash_decode`` eagerly, default arguments: 19.3, 190.9, 62.6, 191.0 µs
+(cuDNN 19.8, 193.9, 63.4, 190.3 µs). Host time of a planned step, GPU idle: 6 µs. NVIDIA H100
+80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-24 (decode.json): paged_decode / flash_decode
+latency 1.02–1.07× at every shape. Split counts, tile orders, configs, merges: decode_splits.json,
+decode_sweep.json; the story: perf_notes.md (all in course_lib/data).
 """
 from __future__ import annotations
 
@@ -56,22 +56,19 @@ from course_lib.kernels.attention_common import _tile_mask, cdiv, next_pow2
 from course_lib.reference import LOG2E
 
 MAX_SPLITS = 256
-PROGRAMS_PER_SM = 2
+PROGRAMS_PER_SM = 1  # the split count's aim: one wave of one program per SM (choose_num_splits)
+TWO_STAGE_PROGRAMS_PER_SM = 2  # past this many unsplit programs per SM, two stages (pick_config)
 MIN_TILES_PER_SPLIT = 2
-# From this many splits of this many tiles on, the splits take the tiles round-robin, streaming
-# through neighbouring tiles together: faster at 16-32 splits of 8-64 tiles (decode_interleave).
-INTERLEAVE_MIN_SPLITS, INTERLEAVE_MIN_TILES = 16, 8
+# From this many splits of a cache of this many tiles on, the splits take the tiles round-robin:
+# faster at every shape measured of 256 tiles or more, slower or even at 64-128 (decode_splits).
+INTERLEAVE_MIN_SPLITS, INTERLEAVE_MIN_TILES = 2, 256
 
 # (BLOCK_N, num_warps, num_stages) by head dim, for the GPU. A tile of K plus one of V is
 # 2·BLOCK_N·D·2 bytes in fp16 (32 KiB for 64 × 128); num_stages tiles are kept in flight. A head
 # dim that is not a power of two uses the row of the power of two its tiles are padded to.
-DECODE_CONFIGS = {
-    16: dict(BLOCK_N=128, num_warps=4, num_stages=3),
-    32: dict(BLOCK_N=128, num_warps=4, num_stages=3),
-    64: dict(BLOCK_N=128, num_warps=4, num_stages=3),
-    128: dict(BLOCK_N=64, num_warps=4, num_stages=3),  # pick_config refines it by the work
-    256: dict(BLOCK_N=32, num_warps=4, num_stages=3),
-}
+DECODE_CONFIGS = {d: dict(BLOCK_N=128, num_warps=4, num_stages=3) for d in (16, 32, 64)}
+DECODE_CONFIGS[128] = dict(BLOCK_N=64, num_warps=4, num_stages=3)  # pick_config refines it
+DECODE_CONFIGS[256] = dict(BLOCK_N=32, num_warps=4, num_stages=3)
 # Candidates the benchmark's --tune sweeps (for D = 128); the default above is one of them.
 TUNE_CONFIGS = [
     dict(BLOCK_N=bn, num_warps=w, num_stages=s)
@@ -301,16 +298,16 @@ def pick_config(head_dim: int, batch: int | None = None, kv_heads: int = 1,
                 n_keys: int = 0, m_tiles: int = 1, sm_count: int | None = None) -> dict:
     """(BLOCK_N, num_warps, num_stages) for ``head_dim``: that of the power of two the kernels
     pad it to. For D 128 and a given work (``batch`` ...): splits of at most two 64-key tiles take
-    128-key tiles; one split per sequence and over two programs per SM, two stages (more programs
-    resident); else 64-key tiles, three stages. Each was the fastest or within 0.5% of it at its
-    shape, CUDA graphs, H100 and H200 (course_lib/data/decode_sweep.json)."""
+    128-key tiles; one split per sequence and over ``TWO_STAGE_PROGRAMS_PER_SM`` programs per
+    SM, two stages (more programs resident); else 64-key tiles, three stages. Each was the
+    fastest or within 0.5% of it at its shape, CUDA graphs, H100 and H200 (decode_sweep.json)."""
     if INTERPRET:
         return dict(INTERPRET_CONFIG)
     if next_pow2(head_dim) != 128 or batch is None:
         return dict(DECODE_CONFIGS[next_pow2(head_dim)])
     sms = sm_count if sm_count is not None else _sm_count()
     splits = choose_num_splits(batch, kv_heads, n_keys, 64, sm_count=sms, m_tiles=m_tiles)
-    if splits == 1 and batch * kv_heads * m_tiles > PROGRAMS_PER_SM * sms:
+    if splits == 1 and batch * kv_heads * m_tiles > TWO_STAGE_PROGRAMS_PER_SM * sms:
         return dict(BLOCK_N=64, num_warps=4, num_stages=2)
     if cdiv(n_keys, 64 * splits) <= 2:
         return dict(BLOCK_N=128, num_warps=4, num_stages=3)
@@ -327,12 +324,14 @@ def choose_num_splits(batch: int, kv_heads: int, n_keys: int, block_n: int,
     Rounding *down* keeps the grid inside one wave of programs. Measured on an H100 (H_kv 8,
     D 128, B 8, N 32k): 9 splits (576 programs, just over what fits at once) made paged_decode
     23% slower than 8 splits; aiming at 4 programs per SM at batch 1 (64 splits) was 2-15%
-    slower than 16 or 32 (course_lib/data/perf_notes.md).
+    slower than 16 or 32 (course_lib/data/perf_notes.md). Aiming at one program per SM
+    instead of two was faster at 10 of the 11 shapes where the split counts differ, by up to 2.7%,
+    and even at B 8, N 16k (data/decode_splits.json, each with its faster tile order).
 
     >>> choose_num_splits(1, 8, 131072, 64, sm_count=132)   # batch 1, long context
-    32
+    16
     >>> choose_num_splits(8, 8, 131072, 64, sm_count=132)   # batch 8
-    4
+    2
     >>> choose_num_splits(1, 8, 2048, 64, sm_count=132)     # short context: 2 tiles a split
     16
     """
@@ -411,7 +410,8 @@ def make_plan(B: int, H: int, H_kv: int, N_q: int, D: int, n_max: int, device, *
 
     ``merge``: "fused" (the last split of each group of rows merges them: one launch),
     "kernel" (a second kernel merges every row: two launches) or "auto" (``MERGES``).
-    ``interleaved``: deal the tiles round-robin (None: by ``INTERLEAVE_MIN_SPLITS``, ``_TILES``)."""
+    ``interleaved``: deal the tiles round-robin (None: from ``INTERLEAVE_MIN_SPLITS`` splits of a
+    cache of ``INTERLEAVE_MIN_TILES`` tiles on)."""
     if merge not in ("auto", *MERGES):
         raise ValueError(f"merge must be one of {('auto', *MERGES)}, got {merge!r}")
     rows = (H // H_kv) * N_q
@@ -425,8 +425,8 @@ def make_plan(B: int, H: int, H_kv: int, N_q: int, D: int, n_max: int, device, *
                                        max_splits=INTERPRET_MAX_SPLITS if INTERPRET else MAX_SPLITS)
     plan = SplitPlan(B, H, H_kv, N_q, D, n_max, paged, page_size, num_blocks, num_splits,
                      block_m, m_tiles, cfg, merge, o_part=None, lse_part=None, arrived=None)
-    tiles = cdiv(n_max, cfg["BLOCK_N"] * num_splits)  # per split
-    plan.interleaved = (num_splits >= INTERLEAVE_MIN_SPLITS and tiles >= INTERLEAVE_MIN_TILES
+    plan.interleaved = (num_splits >= INTERLEAVE_MIN_SPLITS
+                        and cdiv(n_max, cfg["BLOCK_N"]) >= INTERLEAVE_MIN_TILES
                         if interleaved is None else interleaved)
     if num_splits > 1:  # scratch for the partials (one split writes the answer directly)
         plan.o_part = _empty((B, H, N_q, num_splits, D), device=device, dtype=torch.float32)

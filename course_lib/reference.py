@@ -71,19 +71,25 @@ def _check_qkv(q, k, v):
         raise ValueError(f"q's {q.shape[1]} heads are not a multiple of k's {k.shape[1]} heads")
 
 
+def _scaled_scores(q, k, v, sm_scale):
+    """Checks, then S = sm_scale·QKᵀ (B, H, N_q, N_k) in the compute dtype, and V expanded to
+    q's heads in that dtype."""
+    _check_qkv(q, k, v)
+    dt = _compute_dtype(q)
+    H, D = q.shape[1], q.shape[3]
+    scale = D ** -0.5 if sm_scale is None else float(sm_scale)
+    k, v = expand_kv(k.to(dt), H), expand_kv(v.to(dt), H)
+    return torch.matmul(q.to(dt), k.transpose(-1, -2)) * scale, v
+
+
 def attention(q, k, v, causal=False, sm_scale=None, dropout_p=0.0, dropout_seed=None,
               return_lse=False):
     """Standard attention O = dropout(softmax(sm_scale·QKᵀ + mask))·V in fp32 (fp64 for fp64 input).
 
     Returns O (B, H, N_q, D) in the compute dtype, and the log-sum-exp (B, H, N_q) if asked.
     """
-    _check_qkv(q, k, v)
-    dt = _compute_dtype(q)
-    B, H, N_q, D = q.shape
-    N_k = k.shape[2]
-    scale = D ** -0.5 if sm_scale is None else float(sm_scale)
-    q, k, v = q.to(dt), expand_kv(k.to(dt), H), expand_kv(v.to(dt), H)
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, N_q, N_k)
+    s, v = _scaled_scores(q, k, v, sm_scale)  # (B, H, N_q, N_k), v (B, H, N_k, D)
+    B, H, N_q, N_k = s.shape
     if causal:
         s = s.masked_fill(~causal_mask(N_q, N_k, s.device), float("-inf"))
     lse = torch.logsumexp(s, dim=-1)  # (B, H, N_q); -inf for rows that see no key
@@ -94,6 +100,67 @@ def attention(q, k, v, causal=False, sm_scale=None, dropout_p=0.0, dropout_seed=
         p = p * keep / (1.0 - dropout_p)
     o = torch.matmul(p, v)  # (B, H, N_q, D)
     return (o, lse) if return_lse else o
+
+
+def attention_variants(q, k, v, causal=False, sm_scale=None, window_size=(-1, -1), softcap=0.0,
+                       alibi_slopes=None, sinks=None, return_lse=False):
+    """Attention with the variants of open models, in fp32 (fp64 for fp64 input), differentiable
+    in q, k, v and ``sinks``: the ground truth of lesson 15 (``course_lib.masks`` has the rules).
+
+    Scores ``s = sm_scale·qkᵀ``; with ``softcap`` c > 0, ``s = c·tanh(s / c)`` (Gemma 2); with
+    ``alibi_slopes`` (H,) or (B, H), ``s −= slope·|p − j|``; keys outside ``window_size`` (and
+    the causal limit) are masked. ``sinks`` (H,): a logit per head that joins the softmax's
+    denominator and carries no value (GPT-OSS): ``o_i = Σ_j e^{s_ij} v_j / (e^{sink} + Σ_j
+    e^{s_ij})``, and the lse includes it. A row that sees no key: o = 0, lse = −inf, or the sink.
+    Returns O (B, H, N_q, D), and the natural-log lse (B, H, N_q) if asked.
+    """
+    from course_lib import masks
+
+    window = masks.normalize_window(window_size, causal)
+    s, v = _scaled_scores(q, k, v, sm_scale)  # (B, H, N_q, N_k), v (B, H, N_k, D)
+    B, H, N_q, N_k = s.shape
+    dt = s.dtype
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if alibi_slopes is not None:
+        s = s + masks.alibi_bias(alibi_slopes.to(dt), N_q, N_k)
+    if window != masks.FULL:
+        s = s.masked_fill(~masks.visible(N_q, N_k, window, s.device), float("-inf"))
+    if sinks is not None:  # one more "key" per row: its logit, and no value
+        sink = sinks.to(dt)[None, :, None, None].expand(B, H, N_q, 1)
+        s = torch.cat([s, sink], dim=-1)  # (B, H, N_q, N_k + 1)
+    lse = torch.logsumexp(s, dim=-1)  # (B, H, N_q); -inf for rows that see nothing
+    safe_lse = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    p = torch.exp(s - safe_lse[..., None])[..., :N_k]  # (B, H, N_q, N_k): the sink's share dropped
+    o = torch.matmul(p, v)  # (B, H, N_q, D)
+    return (o, lse) if return_lse else o
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None,
+                     causal=False, sm_scale=None, return_lse=False, **variants):
+    """``attention_variants`` over packed sequences (FlashAttention's ``flash_attn_varlen_func``):
+    q (total_q, H, D), k and v (total_k, H_kv, D); sequence b is rows ``cu_seqlens_q[b] :
+    cu_seqlens_q[b + 1]`` of q and ``cu_seqlens_k[b] : cu_seqlens_k[b + 1]`` of k and v, each
+    aligned bottom-right on its own. Returns O (total_q, H, D), and lse (H, total_q) if asked.
+    ``max_seqlen_*`` are accepted for the signature's sake and checked when given."""
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for name, cu, bound in (("max_seqlen_q", cq, max_seqlen_q), ("max_seqlen_k", ck, max_seqlen_k)):
+        longest = max((b - a for a, b in zip(cu, cu[1:])), default=0)
+        if bound is not None and longest > bound:
+            raise ValueError(f"{name} = {bound} is shorter than a sequence ({longest})")
+    alibi = variants.pop("alibi_slopes", None)
+    outs, lses = [], []
+    for b in range(len(cq) - 1):
+        qb = q[cq[b]:cq[b + 1]].transpose(0, 1)[None]  # (1, H, n_q, D)
+        kb = k[ck[b]:ck[b + 1]].transpose(0, 1)[None]
+        vb = v[ck[b]:ck[b + 1]].transpose(0, 1)[None]
+        slopes = alibi[b] if alibi is not None and alibi.ndim == 2 else alibi
+        o, lse = attention_variants(qb, kb, vb, causal, sm_scale, alibi_slopes=slopes,
+                                    return_lse=True, **variants)
+        outs.append(o[0].transpose(0, 1))  # (n_q, H, D)
+        lses.append(lse[0])  # (H, n_q)
+    o = torch.cat(outs, dim=0)
+    return (o, torch.cat(lses, dim=1)) if return_lse else o
 
 
 def attention_flops(B, H, N_q, N_k, D, causal=False, mode="fwd") -> float:

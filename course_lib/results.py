@@ -671,6 +671,24 @@ def facts() -> dict[str, Fact]:
         f"{mm['torch_tflops']:.0f} ({mm['ratio']:.2f}x)", f"{src}matmul.py",
         "data/matmul.json headline")
 
+    var = load_result("variants_fwd")
+    vt = {r["provider"]: r["tflops_visited"] for r in var["rows"]}
+    w = var["shape"]["window"]
+    speedup = ({r["provider"]: r["ms"] for r in var["rows"]}["variants causal"]
+               / {r["provider"]: r["ms"] for r in var["rows"]}[f"variants window {w}"])
+    add("kdoc_var_env", env_of(var), f"{src}flash_variants.py",
+        "data/variants_fwd.json environment")
+    add("kdoc_var_speed",
+        f"causal {vt['variants causal']:.0f} TFLOP/s (FlexAttention {vt['flex causal']:.0f}); "
+        f"window {w}: {vt[f'variants window {w}']:.0f} (FlexAttention "
+        f"{vt[f'flex window {w}']:.0f}), {speedup:.2f}x faster than full causal; causal with "
+        f"softcap {vt['variants causal softcap']:.0f}, "
+        f"with ALiBi {vt['variants causal alibi']:.0f}, "
+        f"with sinks {vt['variants causal sinks']:.0f}; the dense flash_attn_v2 causal "
+        f"{vt['flash_attn_v2 causal (portable)']:.0f} (portable kernel) and "
+        f"{vt['flash_attn_v2 causal (auto)']:.0f} (Hopper kernel)", f"{src}flash_variants.py",
+        "data/variants_fwd.json: TFLOP/s on the visited area, every provider")
+
     # README: the measured table (readme_measured), each row with its harness ------------------
     def nb(r, D=None, causal=None, long=None):
         return ((D is None or r["D"] == D) and (causal is None or r["causal"] == causal)

@@ -28,6 +28,7 @@ ROLES = (
     "models: roofline, costs, KV cache",
     "I/O counts, test helpers",
     "references, hardware, softmax, input checks",
+    "the variants' mask rules",
     "the device switch, the lesson map",
 )
 

@@ -1,0 +1,213 @@
+"""FlashAttention-2 forward for the attention of open models: sliding window, softcap, ALiBi, sinks.
+
+For notebooks/15_attention_variants.ipynb (issue 21, in progress: this forward runs in the
+interpreter and on any GPU; the backward, decode and the public keywords of ``flash_attn_v2``
+follow). It is lesson 08's portable kernel (``flash_v2.py``) with two changes, which is the
+lesson's point: every variant is
+
+1. **a rule for which key blocks a block of query rows visits.** ``_band_bounds`` is the jit twin
+   of ``course_lib.masks.block_key_range``: keys a block's rows never see are never loaded, keys
+   every row sees run with no mask, and the rest run masked. The window ``(left, right)`` is
+   FlashAttention's, bottom-right aligned (query i at key position p = i + N_k − N_q sees
+   p − left <= j <= p + right, −1 unbounded); causal is ``right = 0``.
+2. **a change to the scores** (``_variant_scores``), in natural-log units ``s = sm_scale·q·k``:
+   softcap ``s = c·tanh(s / c)`` (Gemma 2), then ALiBi ``s −= slope·|p − j|``; and after the
+   loop, the sink (GPT-OSS): one more logit per head in the softmax's denominator, with no
+   value, so ``o = Σ e^s v / (e^sink + Σ e^s)`` and the lse includes it.
+
+Everything else (grid, the online softmax in base 2, the deferred normalisation, GQA, padded
+head dims) is the portable kernel's. A row that sees no key: O = 0 and lse = −inf (the sink's
+logit with a sink). ``course_lib.reference.attention_variants`` is the ground truth.
+
+Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-27 (B 2, H 16, N 16k,
+D 128, bf16; every provider called eagerly, ``do_bench`` median of 7 rounds in turns; TFLOP/s on
+the visited area, 4·B·H·D per (query, key) pair a row sees; ``python -m course_lib.bench
+variants``, course_lib/data/variants_fwd.json): causal 423 TFLOP/s (FlexAttention 418); window
+1024: 323 (FlexAttention 317), 6.30x faster than full causal; causal with softcap 324, with ALiBi
+388, with sinks 417; the dense flash_attn_v2 causal 492 (portable kernel) and 554 (Hopper
+kernel). What the gaps come from is not measured yet: perf_notes.md lists the predictions.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from course_lib.kernels.attention_common import (
+    _epilogue,
+    _online_softmax_step,
+    _q_block_program,
+    allocate_outputs,
+    cdiv,
+    dot_precision,
+    launch,
+    next_pow2,
+)
+from course_lib.kernels.flash_v2 import PORTABLE_CONFIGS, keep_config_for_head_dim
+
+
+@triton.jit
+def _band_bounds(start_m, N_Q, N_K, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The key blocks of the query rows [start_m, start_m + BLOCK_M): (lo, full_lo, full_hi, hi),
+    multiples of BLOCK_N except ``hi``. [lo, full_lo) and [full_hi, hi) run masked, [full_lo,
+    full_hi) unmasked; nothing outside [lo, hi) is loaded (``masks.block_key_range``)."""
+    offset = N_K - N_Q
+    first = start_m + offset  # key position of the block's first row
+    last = tl.minimum(start_m + BLOCK_M, N_Q) - 1 + offset  # ... and of its last real row
+    lo = tl.where(LEFT >= 0, tl.maximum(first - LEFT, 0), 0)
+    hi = tl.where(RIGHT >= 0, tl.minimum(last + RIGHT + 1, N_K), N_K)
+    full_lo = tl.where(LEFT >= 0, tl.maximum(last - LEFT, 0), 0)  # keys every row sees
+    full_hi = tl.where(RIGHT >= 0, tl.minimum(first + RIGHT + 1, N_K), N_K)
+    lo = (lo // BLOCK_N) * BLOCK_N
+    hi = tl.maximum(hi, lo)  # a block whose rows see no key: every loop empty
+    full_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N) * BLOCK_N, lo), hi)
+    full_hi = tl.maximum(tl.minimum((full_hi // BLOCK_N) * BLOCK_N, hi), full_lo)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def _tanh(x):
+    """tanh from one exp2 (the interpreter and every GPU have it): 1 − 2 / (e^{2x} + 1)."""
+    return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)  # 2·log2(e)
+
+
+@triton.jit
+def _variant_scores(qk, offs_m, offs_n, q_offset, sm_scale, softcap, slope,
+                    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
+    """Raw q·k of a tile -> the scores in natural-log units: scaled, capped, ALiBi-biased."""
+    s = qk * sm_scale
+    if HAS_SOFTCAP:
+        s = softcap * _tanh(s / softcap)
+    if HAS_ALIBI:
+        dist = tl.abs(offs_m[:, None] + q_offset - offs_n[None, :]).to(tl.float32)
+        s = s - slope * dist
+    return s
+
+
+@triton.jit
+def _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, d_ok,
+                    lo, hi, N_K, q_offset, sm_scale, softcap, slope, LEFT, RIGHT,
+                    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+                    HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr, PAD_D: tl.constexpr):
+    offs_n0 = tl.arange(0, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :]  # (BLOCK_N, HEAD_DIM_PAD)
+        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
+        kv_ok = offs_n[:, None] < N_K
+        if PAD_D:
+            kv_ok = kv_ok & d_ok
+        k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
+        s = _variant_scores(qk, offs_m, offs_n, q_offset, sm_scale, softcap, slope,
+                            HAS_SOFTCAP, HAS_ALIBI)
+        valid = offs_n[None, :] < N_K
+        if MASKED:  # the band: p − left <= j <= p + right, p = i + N_K − N_Q
+            p = offs_m[:, None] + q_offset
+            valid = valid & ((LEFT < 0) | (offs_n[None, :] >= p - LEFT))
+            valid = valid & ((RIGHT < 0) | (offs_n[None, :] <= p + RIGHT))
+        # s is already in natural-log units: LOG2E takes it to the exp2 domain
+        p_tile, m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc, valid, 1.4426950408889634,
+                                                     MASKED)
+        v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
+        acc = tl.dot(p_tile.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _flash_fwd_variants_kernel(
+    Q, K, V, O, LSE, ALIBI, SINKS,
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_ob, stride_oh, stride_om, stride_alibi_b,
+    sm_scale, softcap, LEFT, RIGHT, H, GROUP, N_Q, N_K, N_BUCKET,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    LONGEST_FIRST: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_SINKS: tl.constexpr, DOT_PRECISION: tl.constexpr, STORE_LSE: tl.constexpr = True,
+):
+    pid_m, pid_bh, b, h, h_kv = _q_block_program(H, GROUP, LONGEST_FIRST)
+    start_m = pid_m * BLOCK_M
+    HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    d_ok = offs_d[None, :] < HEAD_DIM
+    q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    k_base = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
+    v_base = V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+    m_ok = offs_m[:, None] < N_Q
+    if PAD_D:
+        m_ok = m_ok & d_ok
+    q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=m_ok, other=0.0)
+    slope = 0.0
+    if HAS_ALIBI:
+        slope = tl.load(ALIBI + b.to(tl.int64) * stride_alibi_b + h).to(tl.float32)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+    q_offset = N_K - N_Q
+    lo, full_lo, full_hi, hi = _band_bounds(start_m, N_Q, N_K, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+    # the band's left edge (masked), the blocks every row sees (no mask), the right edge (masked)
+    acc, m_i, l_i = _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
+                                    offs_m, offs_d, d_ok, lo, full_lo, N_K, q_offset, sm_scale,
+                                    softcap, slope, LEFT, RIGHT, BLOCK_N, True, HAS_SOFTCAP,
+                                    HAS_ALIBI, DOT_PRECISION, PAD_D)
+    acc, m_i, l_i = _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
+                                    offs_m, offs_d, d_ok, full_lo, full_hi, N_K, q_offset,
+                                    sm_scale, softcap, slope, LEFT, RIGHT, BLOCK_N, False,
+                                    HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAD_D)
+    acc, m_i, l_i = _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
+                                    offs_m, offs_d, d_ok, full_hi, hi, N_K, q_offset, sm_scale,
+                                    softcap, slope, LEFT, RIGHT, BLOCK_N, True, HAS_SOFTCAP,
+                                    HAS_ALIBI, DOT_PRECISION, PAD_D)
+    if HAS_SINKS:  # one more term of the denominator, e^{sink}, with no value
+        sink = tl.load(SINKS + h).to(tl.float32) * 1.4426950408889634  # the exp2 domain
+        m_new = tl.maximum(m_i, sink)
+        alpha = tl.math.exp2(m_i - m_new)  # a row that saw no key: m_i = −inf, α = 0
+        l_i = l_i * alpha + tl.math.exp2(sink - m_new)
+        acc = acc * alpha[:, None]
+        m_i = m_new
+
+    o, lse = _epilogue(acc, m_i, l_i)
+    o_base = O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :], o.to(O.dtype.element_ty),
+             mask=m_ok)
+    if STORE_LSE:
+        tl.store(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
+
+
+_variants_tuned = triton.autotune(
+    configs=PORTABLE_CONFIGS,
+    key=["N_BUCKET", "HEAD_DIM", "LONGEST_FIRST", "HAS_SOFTCAP", "HAS_ALIBI", "HAS_SINKS",
+         "DOT_PRECISION", "GROUP"],
+    prune_configs_by={"early_config_prune": keep_config_for_head_dim},
+)(_flash_fwd_variants_kernel)
+
+
+def forward_variants(q, k, v, sm_scale: float, window: tuple[int, int], softcap: float,
+                     alibi_slopes=None, sinks=None, out=None, store_lse=True):
+    """(o, lse) of validated inputs (``course_lib.validate.check_variants``: ``window``
+    normalised, causal included as right = 0; ``softcap`` 0.0 for none). q (B, H, N_q, D); k, v
+    (B, H_kv, N_k, D); ``alibi_slopes`` (H,) or (B, H) and ``sinks`` (H,) fp32, or None."""
+    B, H, N_Q, D = q.shape
+    H_KV, N_K = k.shape[1], k.shape[2]
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    o, lse = allocate_outputs(q, out, store_lse)
+    lse_arg = o if lse is None else lse
+    sq, sk, sv, so = q.stride(), k.stride(), v.stride(), o.stride()
+    alibi_b = alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.ndim == 2 else 0
+    args = (q, k, v, o, lse_arg, alibi_slopes if alibi_slopes is not None else lse_arg,
+            sinks if sinks is not None else lse_arg,
+            sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[1], so[2],
+            alibi_b, float(sm_scale), float(softcap) or 1.0, int(window[0]), int(window[1]),
+            H, H // H_KV, N_Q, N_K, next_pow2(max(N_Q, N_K)))
+    meta = {"HEAD_DIM": D, "LONGEST_FIRST": window == (-1, 0),
+            "HAS_SOFTCAP": softcap > 0, "HAS_ALIBI": alibi_slopes is not None,
+            "HAS_SINKS": sinks is not None, "DOT_PRECISION": dot_precision(q.dtype),
+            "STORE_LSE": bool(store_lse)}
+    launch(_flash_fwd_variants_kernel, _variants_tuned, PORTABLE_CONFIGS,
+           keep_config_for_head_dim, lambda bm: (cdiv(N_Q, bm), B * H), args, meta, args[-1])
+    return o, lse
+

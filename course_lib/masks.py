@@ -1,0 +1,97 @@
+"""Which keys a query sees: the mask rules of attention's variants, in one place.
+
+Introduced for notebooks/15_attention_variants.ipynb (issue 21); the references
+(``course_lib.reference.attention_variants``), the I/O counts and the kernels' launchers read
+their rules here. Conventions are FlashAttention's (Dao, flash-attention,
+``flash_attn/flash_attn_interface.py``, ``flash_attn_func``), so a user's arguments map one to
+one:
+
+* Query ``i`` of ``N_q`` sits at key position ``p = i + N_k − N_q``: bottom-right aligned, the
+  last query is the last key. ``causal=True`` lets it see the keys ``j <= p``.
+* ``window_size=(left, right)`` lets it see the keys ``p − left <= j <= p + right``; −1 leaves
+  that side unbounded. ``causal=True`` sets ``right = 0``. ``(-1, -1)`` is full attention.
+* ``alibi_slopes`` (H,) or (B, H): ``−slope · |p − j|`` is added to the scaled score (Press et
+  al., "Train Short, Test Long", 2022, https://arxiv.org/abs/2108.12409, in FlashAttention's
+  bottom-right form).
+
+Every variant is a rule for which key blocks a block of query rows skips, reads in full, or
+reads under a mask (``block_kind``), plus a change to the scores. A row that sees no key has
+output 0 and log-sum-exp −inf (with a sink: the sink's logit).
+"""
+from __future__ import annotations
+
+import torch
+
+FULL = (-1, -1)
+
+
+def normalize_window(window_size, causal: bool = False) -> tuple[int, int]:
+    """``window_size`` as (left, right) ints, −1 for an unbounded side, right = 0 if causal.
+
+    >>> normalize_window((-1, -1), causal=True)
+    (-1, 0)
+    >>> normalize_window((128, 0))
+    (128, 0)
+    """
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or not all(isinstance(w, int) and not isinstance(w, bool) for w in window_size)):
+        raise TypeError(f"window_size must be a pair of ints (left, right), got {window_size!r}")
+    left, right = int(window_size[0]), int(window_size[1])
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size must be >= -1 on each side (-1: unbounded), got "
+                         f"{tuple(window_size)}")
+    return (left, 0 if causal else right)
+
+
+def key_bounds(rows, n_q: int, n_k: int, window) -> tuple[torch.Tensor, torch.Tensor]:
+    """For query rows ``rows`` (a tensor of indices), the first and one past the last key each
+    may see, clamped to [0, n_k]: (lo, hi); a row with lo >= hi sees no key."""
+    left, right = window
+    p = rows + (n_k - n_q)
+    lo = torch.clamp(p - left, min=0) if left >= 0 else torch.zeros_like(p)
+    hi = torch.clamp(p + right + 1, max=n_k) if right >= 0 else torch.full_like(p, n_k)
+    return lo.clamp(max=n_k), hi.clamp(min=0)
+
+
+def visible(n_q: int, n_k: int, window=FULL, device=None) -> torch.Tensor:
+    """Boolean (n_q, n_k): True where query i may see key j under ``window`` (normalised)."""
+    lo, hi = key_bounds(torch.arange(n_q, device=device), n_q, n_k, window)
+    j = torch.arange(n_k, device=device)[None, :]
+    return (j >= lo[:, None]) & (j < hi[:, None])
+
+
+def block_key_range(r0: int, r1: int, n_q: int, n_k: int, window) -> tuple[int, int, int, int]:
+    """For the query rows [r0, r1): (lo, full_lo, full_hi, hi). The rows together see keys
+    [lo, hi); every row sees every key of [full_lo, full_hi) (empty when full_lo >= full_hi).
+    A kernel loads no key outside [lo, hi) and needs no mask inside [full_lo, full_hi)."""
+    left, right = window
+    first, last = r0 + n_k - n_q, r1 - 1 + n_k - n_q  # key positions of the first and last row
+    lo = 0 if left < 0 else max(0, first - left)
+    hi = n_k if right < 0 else min(n_k, last + right + 1)
+    full_lo = 0 if left < 0 else max(0, last - left)
+    full_hi = n_k if right < 0 else min(n_k, first + right + 1)
+    if hi <= lo:
+        return 0, 0, 0, 0
+    return lo, min(max(full_lo, lo), hi), max(min(full_hi, hi), lo), hi
+
+
+def block_kind(r0: int, r1: int, c0: int, c1: int, n_q: int, n_k: int, window) -> str:
+    """What a kernel does with the key block [c0, c1) for the query rows [r0, r1):
+    "skipped" (no row sees any of its keys: never loaded), "unmasked" (every row sees every
+    key: no mask) or "masked"."""
+    lo, full_lo, full_hi, hi = block_key_range(r0, r1, n_q, n_k, window)
+    if c1 <= lo or c0 >= hi:
+        return "skipped"
+    if full_lo <= c0 and c1 <= full_hi:
+        return "unmasked"
+    return "masked"
+
+
+def alibi_bias(alibi_slopes: torch.Tensor, n_q: int, n_k: int) -> torch.Tensor:
+    """−slope · |p − j| for every (query i, key j), p = i + n_k − n_q: (1 or B, H, n_q, n_k) in
+    the slopes' dtype, from slopes (H,) or (B, H)."""
+    p = torch.arange(n_q, device=alibi_slopes.device)[:, None] + (n_k - n_q)
+    j = torch.arange(n_k, device=alibi_slopes.device)[None, :]
+    dist = (p - j).abs().to(alibi_slopes.dtype)  # (n_q, n_k)
+    slopes = alibi_slopes if alibi_slopes.ndim == 2 else alibi_slopes[None]  # (1 or B, H)
+    return -slopes[:, :, None, None] * dist

@@ -138,3 +138,42 @@ def check_variants(q, causal, window_size, softcap, alibi_slopes, sinks) -> tupl
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
     return window, softcap
+
+
+def check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                 read_values: bool = False) -> int:
+    """Packed sequences (q (total_q, H, D), k (total_k, H_kv, D)): shapes, dtypes and devices of
+    ``cu_seqlens_*`` (int32, (B + 1,)) and the ``max_seqlen_*`` ints; returns B. With
+    ``read_values`` also their values, read back from the device (one synchronisation): each
+    starts at 0, never decreases, ends at its tensor's length, and no sequence is longer than
+    its ``max_seqlen``."""
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        raise TypeError("cu_seqlens_q and cu_seqlens_k must be int32 tensors of B + 1 offsets")
+    B = cu_seqlens_q.shape[0] - 1 if isinstance(cu_seqlens_q, torch.Tensor) else -1
+    if B < 1:
+        raise ValueError("cu_seqlens_q must be an int32 tensor of B + 1 >= 2 offsets")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        check_int_vector(name, cu, B + 1, q.device)
+        if cu.dtype != torch.int32:
+            raise TypeError(f"{name} must be int32 (FlashAttention's varlen layout), "
+                            f"got {cu.dtype}")
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise TypeError(f"{name} must be a non-negative int (the longest sequence), got {m!r}")
+    if read_values:
+        for name, cu, total, longest in (
+                ("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
+                ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)):
+            vals = cu.tolist()
+            if vals[0] != 0:
+                raise ValueError(f"{name} must start at 0, got {vals[0]}")
+            lens = [b - a for a, b in zip(vals, vals[1:])]
+            if min(lens) < 0:
+                raise ValueError(f"{name} must not decrease, got {vals}")
+            if vals[-1] != total:
+                raise ValueError(f"{name} ends at {vals[-1]} but its tensor has {total} rows")
+            name_max = "max_seqlen_q" if name.endswith("q") else "max_seqlen_k"
+            if max(lens) > longest:
+                raise ValueError(f"{name_max} = {longest} is shorter than a sequence of "
+                                 f"{max(lens)}")
+    return B

@@ -4,9 +4,11 @@ import itertools
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from course_lib import masks
-from course_lib.kernels.flash_variants import forward_variants
+from course_lib.kernels.flash_variants import _band_bounds, forward_variants
 from course_lib.reference import attention_variants
 from course_lib.testing import (
     KERNEL_DTYPES,
@@ -110,3 +112,64 @@ def test_a_window_skips_the_blocks_outside_the_band():
     k2[:, :, :256], v2[:, :, :256] = float("nan"), float("nan")
     o, _ = forward_variants(q, k2, v2, D ** -0.5, window, 0.0)
     torch.testing.assert_close(o[:, :, 384:], o_ref[:, :, 384:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["causal", "window", "everything", "alibi per batch"])
+def test_varlen_packed_sequences_match_the_reference(name):
+    """Sequences of lengths 0 to 70 packed in one tensor, each aligned on its own."""
+    from course_lib.kernels.flash_variants import forward_variants_varlen
+    from course_lib.reference import attention_varlen
+
+    lens_q, lens_k = [5, 0, 37, 1, 70, 16], [9, 3, 37, 20, 33, 16]
+    H, H_kv, D = 4, 2, 32
+    dev = fresh_randn(1).device
+    cu_q = torch.tensor([0, *itertools.accumulate(lens_q)], dtype=torch.int32, device=dev)
+    cu_k = torch.tensor([0, *itertools.accumulate(lens_k)], dtype=torch.int32, device=dev)
+    q = fresh_randn(sum(lens_q), H, D)
+    k, v = fresh_randn(sum(lens_k), H_kv, D), fresh_randn(sum(lens_k), H_kv, D)
+    causal, window, softcap, slopes, sink = _extras(name, len(lens_q), H, dev)
+    w = masks.normalize_window(window, causal)
+    out = (poison_(torch.empty_like(q)), poison_(torch.empty(H, sum(lens_q), device=dev)))
+    o, lse = forward_variants_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), 0.25, w,
+                                     softcap, slopes, sink, out=out)
+    ref_o, ref_lse = attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal,
+                                      0.25, return_lse=True, window_size=window, softcap=softcap,
+                                      alibi_slopes=slopes, sinks=sink)
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any(), "an element never written"
+    torch.testing.assert_close(o, ref_o.to(o.dtype), atol=3e-5, rtol=3e-5)
+    seen = ~torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse), ~seen)
+    torch.testing.assert_close(lse[seen], ref_lse[seen], atol=3e-5, rtol=3e-5)
+
+
+@triton.jit
+def _bounds_probe(OUT, N_Q, N_K, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid = tl.program_id(0)
+    lo, full_lo, full_hi, hi = _band_bounds(pid * BLOCK_M, N_Q, N_K, LEFT, RIGHT, BLOCK_M,
+                                            BLOCK_N)
+    tl.store(OUT + pid * 4 + 0, lo)
+    tl.store(OUT + pid * 4 + 1, full_lo)
+    tl.store(OUT + pid * 4 + 2, full_hi)
+    tl.store(OUT + pid * 4 + 3, hi)
+
+
+@pytest.mark.parametrize("n_q,n_k", [(64, 64), (37, 100), (100, 37), (1, 50)])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (10, 0), (5, 7), (0, 0), (-1, 20)])
+def test_the_kernel_visits_exactly_the_blocks_the_rule_names(n_q, n_k, window):
+    """``_band_bounds`` (the kernel's) against ``masks.block_kind`` (the lesson's): the blocks
+    its loops visit are the blocks that are not skipped, and it runs unmasked exactly the
+    blocks every row sees in full."""
+    bm, bn = 16, 8
+    m_blocks = triton.cdiv(n_q, bm)
+    out = torch.full((m_blocks * 4,), -7, dtype=torch.int32, device=fresh_randn(1).device)
+    _bounds_probe[(m_blocks,)](out, n_q, n_k, window[0], window[1], BLOCK_M=bm, BLOCK_N=bn)
+    got = out.view(m_blocks, 4).tolist()
+    for pid, (lo, full_lo, full_hi, hi) in enumerate(got):
+        r0, r1 = pid * bm, min(pid * bm + bm, n_q)
+        masked = set(range(lo, full_lo, bn)) | set(range(full_hi, hi, bn))
+        unmasked = set(range(full_lo, full_hi, bn))
+        kinds = {c0: masks.block_kind(r0, r1, c0, c0 + bn, n_q, n_k, window)
+                 for c0 in range(0, n_k, bn)}
+        assert masked.isdisjoint(unmasked)
+        assert masked | unmasked == {c for c, kind in kinds.items() if kind != "skipped"}
+        assert unmasked == {c for c, kind in kinds.items() if kind == "unmasked"}

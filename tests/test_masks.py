@@ -259,3 +259,29 @@ def test_check_variants_names_the_argument():
         with pytest.raises(err, match=name):
             check_variants(q, args["causal"], args["window_size"], args["softcap"],
                            args["alibi_slopes"], args["sinks"])
+
+
+def test_check_varlen_names_the_argument():
+    from course_lib.validate import check_varlen
+
+    q, k = torch.randn(9, 4, 8), torch.randn(17, 2, 8)
+    cu_q = torch.tensor([0, 3, 3, 9], dtype=torch.int32)
+    cu_k = torch.tensor([0, 4, 10, 17], dtype=torch.int32)
+    assert check_varlen(q, k, cu_q, cu_k, 6, 7, read_values=True) == 3
+    cases = [
+        (TypeError, "cu_seqlens_q", (cu_q.long(), cu_k, 6, 7)),
+        (ValueError, "cu_seqlens_k", (cu_q, cu_k[:3], 6, 7)),
+        (TypeError, "max_seqlen_q", (cu_q, cu_k, 6.0, 7)),
+        (TypeError, "max_seqlen_k", (cu_q, cu_k, 6, -1)),
+        (ValueError, "cu_seqlens_q must start at 0", (cu_q + 1, cu_k, 6, 7)),
+        (ValueError, "cu_seqlens_k must not decrease",
+         (cu_q, torch.tensor([0, 12, 10, 17], dtype=torch.int32), 6, 7)),
+        (ValueError, "cu_seqlens_q ends at 8",
+         (torch.tensor([0, 3, 3, 8], dtype=torch.int32), cu_k, 6, 7)),
+        (ValueError, "max_seqlen_k = 6", (cu_q, cu_k, 6, 6)),
+    ]
+    for err, msg, args in cases:
+        with pytest.raises(err, match=msg):
+            check_varlen(q, k, *args, read_values=True)
+    # without read_values nothing is read back: a bad offset passes the shape checks
+    assert check_varlen(q, k, cu_q + 1, cu_k, 6, 7) == 3

@@ -15,8 +15,11 @@ lesson's point: every variant is
    loop, the sink (GPT-OSS): one more logit per head in the softmax's denominator, with no
    value, so ``o = Σ e^s v / (e^sink + Σ e^s)`` and the lse includes it.
 
-Everything else (grid, the online softmax in base 2, the deferred normalisation, GQA, padded
-head dims) is the portable kernel's. A row that sees no key: O = 0 and lse = −inf (the sink's
+Packed sequences (``forward_variants_varlen``, FlashAttention's varlen layout: q (total_q, H,
+D), ``cu_seqlens``) run in the same kernel (``VARLEN``): a program reads its sequence's offsets
+and lengths, and a block past its sequence's end does nothing. Everything else (grid, the
+online softmax in base 2, the deferred normalisation, GQA, padded head dims) is the portable
+kernel's. A row that sees no key: O = 0 and lse = −inf (the sink's
 logit with a sink). ``course_lib.reference.attention_variants`` is the ground truth.
 
 Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-27 (B 2, H 16, N 16k,
@@ -29,6 +32,7 @@ kernel). What the gaps come from is not measured yet: perf_notes.md lists the pr
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -115,15 +119,16 @@ def _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs
 
 @triton.jit
 def _flash_fwd_variants_kernel(
-    Q, K, V, O, LSE, ALIBI, SINKS,
+    Q, K, V, O, LSE, ALIBI, SINKS, CU_Q, CU_K,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
-    stride_ob, stride_oh, stride_om, stride_alibi_b,
+    stride_ob, stride_oh, stride_om, stride_lse_b, stride_lse_h, stride_alibi_b,
     sm_scale, softcap, LEFT, RIGHT, H, GROUP, N_Q, N_K, N_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     LONGEST_FIRST: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_SINKS: tl.constexpr, DOT_PRECISION: tl.constexpr, STORE_LSE: tl.constexpr = True,
+    VARLEN: tl.constexpr = False,
 ):
     pid_m, pid_bh, b, h, h_kv = _q_block_program(H, GROUP, LONGEST_FIRST)
     start_m = pid_m * BLOCK_M
@@ -133,9 +138,17 @@ def _flash_fwd_variants_kernel(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_ok = offs_d[None, :] < HEAD_DIM
-    q_base = Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
-    k_base = K + b.to(tl.int64) * stride_kb + h_kv.to(tl.int64) * stride_kh
-    v_base = V + b.to(tl.int64) * stride_vb + h_kv.to(tl.int64) * stride_vh
+    if VARLEN:  # packed sequences: sequence b is rows CU_Q[b] : CU_Q[b + 1] (and CU_K for keys)
+        q_start = tl.load(CU_Q + b).to(tl.int64)
+        k_start = tl.load(CU_K + b).to(tl.int64)
+        N_Q = (tl.load(CU_Q + b + 1) - q_start).to(tl.int32)
+        N_K = (tl.load(CU_K + b + 1) - k_start).to(tl.int32)
+    else:
+        q_start = b.to(tl.int64) * 0
+        k_start = q_start
+    q_base = Q + b.to(tl.int64) * stride_qb + q_start * stride_qm + h.to(tl.int64) * stride_qh
+    k_base = K + b.to(tl.int64) * stride_kb + k_start * stride_kn + h_kv.to(tl.int64) * stride_kh
+    v_base = V + b.to(tl.int64) * stride_vb + k_start * stride_vn + h_kv.to(tl.int64) * stride_vh
     m_ok = offs_m[:, None] < N_Q
     if PAD_D:
         m_ok = m_ok & d_ok
@@ -149,6 +162,11 @@ def _flash_fwd_variants_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
     q_offset = N_K - N_Q
     lo, full_lo, full_hi, hi = _band_bounds(start_m, N_Q, N_K, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+    if VARLEN:  # a block past its sequence's end (the grid covers the longest): nothing to do
+        past = start_m >= N_Q
+        full_lo = tl.where(past, lo, full_lo)
+        full_hi = tl.where(past, lo, full_hi)
+        hi = tl.where(past, lo, hi)
     # the band's left edge (masked), the blocks every row sees (no mask), the right edge (masked)
     acc, m_i, l_i = _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
                                     offs_m, offs_d, d_ok, lo, full_lo, N_K, q_offset, sm_scale,
@@ -171,11 +189,12 @@ def _flash_fwd_variants_kernel(
         m_i = m_new
 
     o, lse = _epilogue(acc, m_i, l_i)
-    o_base = O + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    o_base = O + b.to(tl.int64) * stride_ob + q_start * stride_om + h.to(tl.int64) * stride_oh
     tl.store(o_base + offs_m[:, None] * stride_om + offs_d[None, :], o.to(O.dtype.element_ty),
              mask=m_ok)
     if STORE_LSE:
-        tl.store(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
+        lse_base = LSE + b.to(tl.int64) * stride_lse_b + h.to(tl.int64) * stride_lse_h + q_start
+        tl.store(lse_base + offs_m, lse, mask=offs_m < N_Q)
 
 
 _variants_tuned = triton.autotune(
@@ -186,28 +205,54 @@ _variants_tuned = triton.autotune(
 )(_flash_fwd_variants_kernel)
 
 
+def _launch(q, k, v, o, lse, sm_scale, window, softcap, alibi_slopes, sinks, cu, B, H_KV,
+            N_Q, N_K, strides, lse_strides):
+    """One launch of the kernel: ``strides`` of q, k, v, o as (batch, head, row) each."""
+    H, D = q.shape[-2] if cu else q.shape[1], q.shape[-1]
+    lse_arg = o if lse is None else lse  # (never written without STORE_LSE)
+    alibi_b = alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.ndim == 2 else 0
+    args = (q, k, v, o, lse_arg, alibi_slopes if alibi_slopes is not None else lse_arg,
+            sinks if sinks is not None else lse_arg, *(cu or (lse_arg, lse_arg)), *strides,
+            *lse_strides, alibi_b, float(sm_scale), float(softcap) or 1.0, int(window[0]),
+            int(window[1]), H, H // H_KV, N_Q, N_K, next_pow2(max(N_Q, N_K)))
+    meta = {"HEAD_DIM": D, "LONGEST_FIRST": tuple(window) == (-1, 0),
+            "HAS_SOFTCAP": softcap > 0, "HAS_ALIBI": alibi_slopes is not None,
+            "HAS_SINKS": sinks is not None, "DOT_PRECISION": dot_precision(q.dtype),
+            "STORE_LSE": lse is not None, "VARLEN": bool(cu)}
+    launch(_flash_fwd_variants_kernel, _variants_tuned, PORTABLE_CONFIGS,
+           keep_config_for_head_dim, lambda bm: (cdiv(N_Q, bm), B * H), args, meta, args[-1])
+
+
 def forward_variants(q, k, v, sm_scale: float, window: tuple[int, int], softcap: float,
                      alibi_slopes=None, sinks=None, out=None, store_lse=True):
     """(o, lse) of validated inputs (``course_lib.validate.check_variants``: ``window``
     normalised, causal included as right = 0; ``softcap`` 0.0 for none). q (B, H, N_q, D); k, v
     (B, H_kv, N_k, D); ``alibi_slopes`` (H,) or (B, H) and ``sinks`` (H,) fp32, or None."""
     B, H, N_Q, D = q.shape
-    H_KV, N_K = k.shape[1], k.shape[2]
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     o, lse = allocate_outputs(q, out, store_lse)
-    lse_arg = o if lse is None else lse
-    sq, sk, sv, so = q.stride(), k.stride(), v.stride(), o.stride()
-    alibi_b = alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.ndim == 2 else 0
-    args = (q, k, v, o, lse_arg, alibi_slopes if alibi_slopes is not None else lse_arg,
-            sinks if sinks is not None else lse_arg,
-            sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[1], so[2],
-            alibi_b, float(sm_scale), float(softcap) or 1.0, int(window[0]), int(window[1]),
-            H, H // H_KV, N_Q, N_K, next_pow2(max(N_Q, N_K)))
-    meta = {"HEAD_DIM": D, "LONGEST_FIRST": window == (-1, 0),
-            "HAS_SOFTCAP": softcap > 0, "HAS_ALIBI": alibi_slopes is not None,
-            "HAS_SINKS": sinks is not None, "DOT_PRECISION": dot_precision(q.dtype),
-            "STORE_LSE": bool(store_lse)}
-    launch(_flash_fwd_variants_kernel, _variants_tuned, PORTABLE_CONFIGS,
-           keep_config_for_head_dim, lambda bm: (cdiv(N_Q, bm), B * H), args, meta, args[-1])
+    strides = tuple(x for t in (q, k, v, o) for x in t.stride()[:3])
+    _launch(q, k, v, o, lse, sm_scale, window, softcap, alibi_slopes, sinks, None, B, k.shape[1],
+            N_Q, k.shape[2], strides, (H * N_Q, N_Q))
     return o, lse
 
+
+def forward_variants_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+                            max_seqlen_k: int, sm_scale: float, window: tuple[int, int],
+                            softcap: float, alibi_slopes=None, sinks=None, out=None):
+    """Packed sequences (FlashAttention's varlen layout): q (total_q, H, D), k and v (total_k,
+    H_kv, D), ``cu_seqlens_*`` int32 (B + 1,) on q's device, each sequence aligned bottom-right
+    on its own. Returns o (total_q, H, D) and lse (H, total_q). ``out``: preallocated (o, lse)."""
+    total_q, H, D = q.shape
+    B = cu_seqlens_q.shape[0] - 1
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    if out is None:
+        out = (torch.empty_like(q), torch.empty(H, total_q, device=q.device,
+                                                dtype=torch.float32))
+    o, lse = out
+    # (batch, head, row) strides: no batch stride, rows start at cu_seqlens[b]
+    strides = tuple(x for t in (q, k, v, o) for x in (0, t.stride(1), t.stride(0)))
+    _launch(q, k, v, o, lse, sm_scale, window, softcap, alibi_slopes, sinks,
+            (cu_seqlens_q, cu_seqlens_k), B, k.shape[1], int(max_seqlen_q), int(max_seqlen_k),
+            strides, (0, lse.stride(0)))
+    return o, lse

@@ -10,10 +10,12 @@ lesson's point: every variant is
    every row sees run with no mask, and the rest run masked. The window ``(left, right)`` is
    FlashAttention's, bottom-right aligned (query i at key position p = i + N_k − N_q sees
    p − left <= j <= p + right, −1 unbounded); causal is ``right = 0``.
-2. **a change to the scores** (``_variant_scores``), in natural-log units ``s = sm_scale·q·k``:
-   softcap ``s = c·tanh(s / c)`` (Gemma 2), then ALiBi ``s −= slope·|p − j|``; and after the
-   loop, the sink (GPT-OSS): one more logit per head in the softmax's denominator, with no
-   value, so ``o = Σ e^s v / (e^sink + Σ e^s)`` and the lse includes it.
+2. **a change to the scores** (``_variant_scores``). With ``s = sm_scale·q·k``: softcap
+   ``s = c·tanh(s / c)`` (Gemma 2), then ALiBi ``s −= slope·|p − j|``; and after the loop, the
+   sink (GPT-OSS): one more logit per head in the softmax's denominator, with no value, so
+   ``o = Σ e^s v / (e^sink + Σ e^s)`` and the lse includes it. The kernel keeps the scores in
+   q·k's units (the cap and the bias divided by ``sm_scale``), so the softmax multiplies each
+   by ``qk_scale = sm_scale·log2 e`` once, as the portable kernel does.
 
 Packed sequences (``forward_variants_varlen``, FlashAttention's varlen layout: q (total_q, H,
 D), ``cu_seqlens``) run in the same kernel (``VARLEN``): a program reads its sequence's offsets
@@ -25,10 +27,10 @@ logit with a sink). ``course_lib.reference.attention_variants`` is the ground tr
 Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-27 (B 2, H 16, N 16k,
 D 128, bf16; every provider called eagerly, ``do_bench`` median of 7 rounds in turns; TFLOP/s on
 the visited area, 4·B·H·D per (query, key) pair a row sees; ``python -m course_lib.bench
-variants``, course_lib/data/variants_fwd.json): causal 423 TFLOP/s (FlexAttention 418); window
-1024: 323 (FlexAttention 317), 6.30x faster than full causal; causal with softcap 324, with ALiBi
-388, with sinks 417; the dense flash_attn_v2 causal 492 (portable kernel) and 554 (Hopper
-kernel). What the gaps come from is not measured yet: perf_notes.md lists the predictions.
+variants``, course_lib/data/variants_fwd.json): causal 471 TFLOP/s (FlexAttention 406); window
+1024: 342 (FlexAttention 317), 6.00x faster than full causal; causal with softcap 357, with ALiBi
+441, with sinks 456; the dense flash_attn_v2 causal 494 (portable kernel) and 555 (Hopper
+kernel). The story, and what is not measured yet: course_lib/data/perf_notes.md.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ import triton.language as tl
 
 from course_lib.kernels.attention_common import (
     _epilogue,
+    _load_tile,
     _online_softmax_step,
     _q_block_program,
     allocate_outputs,
@@ -77,13 +80,14 @@ def _tanh(x):
 @triton.jit
 def _variant_scores(qk, offs_m, offs_n, q_offset, sm_scale, softcap, slope,
                     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
-    """Raw q·k of a tile -> the scores in natural-log units: scaled, capped, ALiBi-biased."""
-    s = qk * sm_scale
+    """Raw q·k of a tile -> capped and ALiBi-biased, still in q·k's units (the softmax scales
+    them by sm_scale·log2 e): c·tanh(sm_scale·qk / c) / sm_scale − (slope / sm_scale)·|p − j|."""
+    s = qk
     if HAS_SOFTCAP:
-        s = softcap * _tanh(s / softcap)
+        s = (softcap / sm_scale) * _tanh(qk * (sm_scale / softcap))
     if HAS_ALIBI:
         dist = tl.abs(offs_m[:, None] + q_offset - offs_n[None, :]).to(tl.float32)
-        s = s - slope * dist
+        s = s - (slope / sm_scale) * dist
     return s
 
 
@@ -97,10 +101,8 @@ def _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs
         offs_n = start_n + offs_n0
         k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :]  # (BLOCK_N, HEAD_DIM_PAD)
         v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
-        kv_ok = offs_n[:, None] < N_K
-        if PAD_D:
-            kv_ok = kv_ok & d_ok
-        k = tl.load(k_ptrs, mask=kv_ok, other=0.0)
+        rows_ok = offs_n[:, None] < N_K
+        k = _load_tile(k_ptrs, rows_ok, d_ok, MASKED, PAD_D)  # no mask where the band is full
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
         s = _variant_scores(qk, offs_m, offs_n, q_offset, sm_scale, softcap, slope,
                             HAS_SOFTCAP, HAS_ALIBI)
@@ -109,10 +111,9 @@ def _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs
             p = offs_m[:, None] + q_offset
             valid = valid & ((LEFT < 0) | (offs_n[None, :] >= p - LEFT))
             valid = valid & ((RIGHT < 0) | (offs_n[None, :] <= p + RIGHT))
-        # s is already in natural-log units: LOG2E takes it to the exp2 domain
-        p_tile, m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc, valid, 1.4426950408889634,
-                                                     MASKED)
-        v = tl.load(v_ptrs, mask=kv_ok, other=0.0)
+        p_tile, m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc, valid,
+                                                     sm_scale * 1.4426950408889634, MASKED)
+        v = _load_tile(v_ptrs, rows_ok, d_ok, MASKED, PAD_D)
         acc = tl.dot(p_tile.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
     return acc, m_i, l_i
 

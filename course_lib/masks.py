@@ -1,10 +1,13 @@
 """Which keys a query sees: the mask rules of attention's variants, in one place.
 
-Introduced for notebooks/15_attention_variants.ipynb (issue 21); the references
-(``course_lib.reference.attention_variants``), the I/O counts and the kernels' launchers read
-their rules here. Conventions are FlashAttention's (Dao, flash-attention,
-``flash_attn/flash_attn_interface.py``, ``flash_attn_func``), so a user's arguments map one to
-one:
+Introduced for notebooks/15_attention_variants.ipynb (issue 21). The references
+(``course_lib.reference.attention_variants``), the argument checks (``validate``) and the block
+counts (``iomodel.variants``) read their rules here; the kernel computes the same key ranges in
+Triton (``kernels.flash_variants._band_bounds``), and a test holds the two together.
+
+Conventions are FlashAttention's (Tri Dao, flash-attention, ``flash_attn_func`` in
+``flash_attn/flash_attn_interface.py``, https://github.com/Dao-AILab/flash-attention), so a
+user's arguments map one to one:
 
 * Query ``i`` of ``N_q`` sits at key position ``p = i + N_k − N_q``: bottom-right aligned, the
   last query is the last key. ``causal=True`` lets it see the keys ``j <= p``.

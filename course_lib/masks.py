@@ -56,6 +56,13 @@ def key_bounds(rows, n_q: int, n_k: int, window) -> tuple[torch.Tensor, torch.Te
     return lo.clamp(max=n_k), hi.clamp(min=0)
 
 
+def visible_pairs(n_q: int, n_k: int, window=FULL) -> int:
+    """How many (query, key) pairs the rows see under ``window``: the useful work of a forward
+    (4·d FLOPs a pair), what a throughput "on the visited area" counts."""
+    lo, hi = key_bounds(torch.arange(n_q), n_q, n_k, window)
+    return int((hi - lo).clamp(min=0).sum())
+
+
 def visible(n_q: int, n_k: int, window=FULL, device=None) -> torch.Tensor:
     """Boolean (n_q, n_k): True where query i may see key j under ``window`` (normalised)."""
     lo, hi = key_bounds(torch.arange(n_q, device=device), n_q, n_k, window)

@@ -71,11 +71,11 @@ def _check_qkv(q, k, v):
         raise ValueError(f"q's {q.shape[1]} heads are not a multiple of k's {k.shape[1]} heads")
 
 
-def _scaled_scores(q, k, v, sm_scale):
-    """Checks, then S = sm_scale·QKᵀ (B, H, N_q, N_k) in the compute dtype, and V expanded to
-    q's heads in that dtype."""
+def _scaled_scores(q, k, v, sm_scale, dt=None):
+    """Checks, then S = sm_scale·QKᵀ (B, H, N_q, N_k) in the compute dtype ``dt`` (None: fp32,
+    or fp64 for fp64 input), and V expanded to q's heads in that dtype."""
     _check_qkv(q, k, v)
-    dt = _compute_dtype(q)
+    dt = _compute_dtype(q) if dt is None else dt
     H, D = q.shape[1], q.shape[3]
     scale = D ** -0.5 if sm_scale is None else float(sm_scale)
     k, v = expand_kv(k.to(dt), H), expand_kv(v.to(dt), H)
@@ -103,7 +103,7 @@ def attention(q, k, v, causal=False, sm_scale=None, dropout_p=0.0, dropout_seed=
 
 
 def attention_variants(q, k, v, causal=False, sm_scale=None, window_size=(-1, -1), softcap=0.0,
-                       alibi_slopes=None, sinks=None, return_lse=False):
+                       alibi_slopes=None, sinks=None, return_lse=False, compute_dtype=None):
     """Attention with the variants of open models, in fp32 (fp64 for fp64 input), differentiable
     in q, k, v and ``sinks``: the ground truth of lesson 15 (``course_lib.masks`` has the rules).
 
@@ -112,12 +112,13 @@ def attention_variants(q, k, v, causal=False, sm_scale=None, window_size=(-1, -1
     the causal limit) are masked. ``sinks`` (H,): a logit per head that joins the softmax's
     denominator and carries no value (GPT-OSS): ``o_i = Σ_j e^{s_ij} v_j / (e^{sink} + Σ_j
     e^{s_ij})``, and the lse includes it. A row that sees no key: o = 0, lse = −inf, or the sink.
-    Returns O (B, H, N_q, D), and the natural-log lse (B, H, N_q) if asked.
+    Returns O (B, H, N_q, D), and the natural-log lse (B, H, N_q) if asked. ``compute_dtype``:
+    every op in that dtype instead (the 2x rule's baseline: ``testing.variants_same_precision``).
     """
     from course_lib import masks
 
     window = masks.normalize_window(window_size, causal)
-    s, v = _scaled_scores(q, k, v, sm_scale)  # (B, H, N_q, N_k), v (B, H, N_k, D)
+    s, v = _scaled_scores(q, k, v, sm_scale, compute_dtype)  # (B, H, N_q, N_k), v (B, H, N_k, D)
     B, H, N_q, N_k = s.shape
     dt = s.dtype
     if softcap:

@@ -111,28 +111,12 @@ def attention_same_precision(q, k, v, causal=False, sm_scale=None):
     return torch.matmul(p, v)
 
 
-def variants_same_precision(q, k, v, causal=False, sm_scale=None, window_size=(-1, -1),
-                            softcap=0.0, alibi_slopes=None, sinks=None):
-    """``reference.attention_variants`` with every op in the inputs' own dtype: the 2x rule's
-    baseline for the variants' kernels (fp16 scores, cap, bias, softmax and P·V)."""
-    from course_lib import masks
-    from course_lib.reference import expand_kv
+def variants_same_precision(q, k, v, **variants):
+    """``reference.attention_variants`` with every op in the inputs' own dtype (scores, cap, bias,
+    softmax and P·V): the 2x rule's baseline for the variants' kernels."""
+    from course_lib.reference import attention_variants
 
-    H, N_q, D = q.shape[1], q.shape[2], q.shape[3]
-    N_k, dt = k.shape[2], q.dtype
-    scale = D ** -0.5 if sm_scale is None else sm_scale
-    k, v = expand_kv(k, H), expand_kv(v, H)
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, N_q, N_k) in q's dtype
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    if alibi_slopes is not None:
-        s = s + masks.alibi_bias(alibi_slopes, N_q, N_k).to(dt)
-    s = s.masked_fill(~masks.visible(N_q, N_k, masks.normalize_window(window_size, causal),
-                                     s.device), float("-inf"))
-    if sinks is not None:
-        s = torch.cat([s, sinks.to(dt)[None, :, None, None].expand(*s.shape[:3], 1)], dim=-1)
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)[..., :N_k]  # all -inf rows: NaN -> 0
-    return torch.matmul(p, v)
+    return attention_variants(q, k, v, compute_dtype=q.dtype, **variants)
 
 
 def check_extreme_logits(o, q, k, v, causal, sm_scale, atol, gap=10.0):

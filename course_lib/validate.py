@@ -161,9 +161,9 @@ def check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         if isinstance(m, bool) or not isinstance(m, int) or m < 0:
             raise TypeError(f"{name} must be a non-negative int (the longest sequence), got {m!r}")
     if read_values:
-        for name, cu, total, longest in (
-                ("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q),
-                ("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)):
+        for name, cu, total, name_max, longest in (
+                ("cu_seqlens_q", cu_seqlens_q, q.shape[0], "max_seqlen_q", max_seqlen_q),
+                ("cu_seqlens_k", cu_seqlens_k, k.shape[0], "max_seqlen_k", max_seqlen_k)):
             vals = cu.tolist()
             if vals[0] != 0:
                 raise ValueError(f"{name} must start at 0, got {vals[0]}")
@@ -172,7 +172,6 @@ def check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                 raise ValueError(f"{name} must not decrease, got {vals}")
             if vals[-1] != total:
                 raise ValueError(f"{name} ends at {vals[-1]} but its tensor has {total} rows")
-            name_max = "max_seqlen_q" if name.endswith("q") else "max_seqlen_k"
             if max(lens) > longest:
                 raise ValueError(f"{name_max} = {longest} is shorter than a sequence of "
                                  f"{max(lens)}")

@@ -18,18 +18,11 @@ import json
 import torch
 
 from course_lib.bench.common import DATA_DIR, describe_error, environment, median_ms, require_gpu
+from course_lib.masks import visible_pairs
 
 B, H, N, D = 2, 16, 16384, 128
 WINDOW = 1024
 SOFTCAP = 30.0
-
-
-def visited_pairs(n: int, window) -> int:
-    """(query, key) pairs a row sees under a normalised ``window`` with n queries and keys."""
-    from course_lib import masks
-
-    lo, hi = masks.key_bounds(torch.arange(n), n, n, window)
-    return int((hi - lo).clamp(min=0).sum())
 
 
 def _providers(q, k, v):
@@ -94,7 +87,7 @@ def run(rounds: int = 7) -> dict:
     rows = []
     for name, (_, window) in fns.items():
         ms = sorted(times[name])[len(times[name]) // 2] if times[name] else None
-        flops = 4.0 * B * H * D * visited_pairs(N, window)
+        flops = 4.0 * B * H * D * visible_pairs(N, N, window)
         rows.append({"provider": name, "window": list(window), "ms": ms, "rounds_ms": times[name],
                      "tflops_visited": flops / (ms * 1e-3) / 1e12 if ms else None,
                      "error": errors.get(name)})
@@ -117,5 +110,5 @@ def main(argv=None) -> int:
     by = {r["provider"]: r for r in result["rows"]}
     c, w = by["variants causal"]["ms"], by[f"variants window {WINDOW}"]["ms"]
     print(f"window {WINDOW} / full causal speed-up: {c / w:.2f}x (visited area "
-          f"{visited_pairs(N, (-1, 0)) / visited_pairs(N, (WINDOW, 0)):.2f}x smaller)")
+          f"{visible_pairs(N, N, (-1, 0)) / visible_pairs(N, N, (WINDOW, 0)):.2f}x smaller)")
     return 0

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 from course_lib import masks
 
 
@@ -43,8 +41,7 @@ def variant_io(N_q: int, N_k: int, d: int, block_m: int, block_n: int, window, B
                 keys = min(block_n, N_k - j * block_n)
                 computed += rows * keys
                 key_loads += keys
-    lo, hi = masks.key_bounds(torch.arange(N_q), N_q, N_k, window)
-    visible = int((hi - lo).clamp(min=0).sum())
+    visible = masks.visible_pairs(N_q, N_k, window)
     bh = B * H
     reads = bh * (N_q * d + 2 * key_loads * d) * bytes_per_el
     writes = bh * (N_q * d * bytes_per_el + N_q * stats_bytes)

@@ -3,7 +3,8 @@
 Introduced for notebooks/15_attention_variants.ipynb (issue 21). The references
 (``course_lib.reference.attention_variants``), the argument checks (``validate``) and the block
 counts (``iomodel.variants``) read their rules here; the kernel computes the same key ranges in
-Triton (``kernels.flash_variants._band_bounds``), and a test holds the two together.
+Triton (``kernels.band._band_bounds``, and for the backward's key blocks
+``kernels.flash_variants_bwd._band_rows``), and tests hold each pair together.
 
 Conventions are FlashAttention's (Tri Dao, flash-attention, ``flash_attn_func`` in
 ``flash_attn/flash_attn_interface.py``, https://github.com/Dao-AILab/flash-attention), so a
@@ -81,6 +82,22 @@ def block_key_range(r0: int, r1: int, n_q: int, n_k: int, window) -> tuple[int, 
     full_lo = 0 if left < 0 else max(0, last - left)
     full_hi = n_k if right < 0 else min(n_k, first + right + 1)
     if hi <= lo:
+        return 0, 0, 0, 0
+    return lo, min(max(full_lo, lo), hi), max(min(full_hi, hi), lo), hi
+
+
+def block_row_range(c0: int, c1: int, n_q: int, n_k: int, window) -> tuple[int, int, int, int]:
+    """The transpose of ``block_key_range``, for the backward's dK/dV program that holds the
+    keys [c0, c1): (lo, full_lo, full_hi, hi). The rows [lo, hi) together see some of its keys;
+    every row of [full_lo, full_hi) sees all of them. Query i sees key j when
+    j − right <= p <= j + left, p = i + n_k − n_q."""
+    left, right = window
+    offset, last = n_k - n_q, min(c1, n_k) - 1  # the block's last real key
+    lo = 0 if right < 0 else max(0, c0 - right - offset)
+    hi = n_q if left < 0 else min(n_q, last + left - offset + 1)
+    full_lo = 0 if right < 0 else max(0, last - right - offset)
+    full_hi = n_q if left < 0 else min(n_q, c0 + left - offset + 1)
+    if hi <= lo or c0 >= n_k:
         return 0, 0, 0, 0
     return lo, min(max(full_lo, lo), hi), max(min(full_hi, hi), lo), hi
 

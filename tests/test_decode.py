@@ -293,6 +293,340 @@ def test_extreme_logits_stay_finite():
     torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-5)
 
 
+# ------------------------------------------------------------------------------- the variants
+# (lesson 15): window, softcap, ALiBi, sinks, against reference.attention_variants per sequence
+
+VARIANT_CASES = {  # name: the keywords (tensors made per test: their shapes need B and H)
+    "window": dict(window_size=(13, -1)),  # right is 0: the decode is causal
+    "window_causal": dict(window_size=(4, 0)),
+    "window_self": dict(window_size=(0, 0)),  # each query sees its own key only
+    "softcap": dict(softcap=2.5),
+    "alibi": dict(alibi_slopes="H"),
+    "alibi_per_sequence": dict(alibi_slopes="BH"),
+    "sinks": dict(sinks="H"),
+    "all": dict(window_size=(13, 0), softcap=2.5, alibi_slopes="BH", sinks="H"),
+}
+
+
+def _variant_kwargs(name, B, H, device):
+    """VARIANT_CASES[name] with its tensors made: slopes of ALiBi's size (up to 0.5), sinks
+    of a logit's size (so that they weigh as much as a key)."""
+    gen = torch.Generator().manual_seed(11)
+    made = {"H": lambda: torch.randn(H, generator=gen) * 2,
+            "BH": lambda: torch.rand(B, H, generator=gen) * 0.5}
+    kw = dict(VARIANT_CASES[name])
+    for arg in ("alibi_slopes", "sinks"):
+        if arg in kw:
+            t = made[kw[arg]]()
+            kw[arg] = (t.abs() * 0.25 if arg == "alibi_slopes" else t).to(device)
+    return kw
+
+
+def _variants_per_sequence(q, k, v, lens, same_precision=False, **kw):
+    """(o, lse) of the variants' reference on each sequence's first L_b keys, causal and
+    bottom-right aligned; in fp32, or in the inputs' dtype (the 2x rule's baseline)."""
+    from course_lib.reference import attention_variants
+    from course_lib.testing import variants_same_precision
+
+    fn = variants_same_precision if same_precision else attention_variants
+    n = [k.shape[2]] * q.shape[0] if lens is None else lens.tolist()
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        kwb = dict(kw)
+        slopes = kw.get("alibi_slopes")
+        if slopes is not None and slopes.ndim == 2:
+            kwb["alibi_slopes"] = slopes[b]
+        o, lse = fn(q[b:b + 1], k[b:b + 1, :, :n[b]], v[b:b + 1, :, :n[b]], causal=True,
+                    return_lse=True, **kwb)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
+
+
+def _check_variants(o, lse, q, k, v, lens, name, **kw):
+    ref_o, ref_lse = _variants_per_sequence(q, k, v, lens, **kw)
+    base_o, _ = _variants_per_sequence(q, k, v, lens, same_precision=True, **kw)
+    assert o.dtype == q.dtype and o.shape == q.shape and lse.shape == q.shape[:3]
+    assert not torch.isnan(o).any(), f"{name}: an output element was never written (or is NaN)"
+    assert not torch.isnan(lse).any(), f"{name}: an lse element was never written (or is NaN)"
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse)), f"{name}: rows that see no key"
+    assert_close_2x(o, ref_o, base_o, name=f"{name} O")
+    assert_close_2x(lse, ref_lse, ref_lse, name=f"{name} lse", atol=1e-4)
+
+
+def _paged(k, v, block_size=8, seed=3):
+    k_pages, table = contiguous_to_pages(k, block_size=block_size,
+                                         generator=torch.Generator().manual_seed(seed))
+    v_pages, _ = contiguous_to_pages(v, block_size=block_size,
+                                     generator=torch.Generator().manual_seed(seed))
+    return k_pages, v_pages, table
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("N_q", [1, 3])
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("name", list(VARIANT_CASES))
+def test_variants_match_the_reference(name, paged, N_q, num_splits, monkeypatch):
+    """Each keyword alone and all together; GQA; 1 or 3 queries; ragged lengths, among them an
+    empty sequence and one shorter than the window; one split, or three that are merged."""
+    B, H, H_kv, N_max, D = 3, 4, 2, 70, 32
+    q, k, v, lens = _inputs(B, H, H_kv, N_q, N_max, D, [70, 0, 9], DTYPES[-1])
+    kw = _variant_kwargs(name, B, H, q.device)
+    _poison_kernel_outputs(monkeypatch)
+    if paged:
+        k_pages, v_pages, table = _paged(k, v)
+        o, lse = paged_decode(q, k_pages, v_pages, table, lens, num_splits=num_splits,
+                              return_lse=True, **kw)
+    else:
+        o, lse = flash_decode(q, k, v, lens, num_splits=num_splits, return_lse=True, **kw)
+    _check_variants(o, lse, q, k, v, lens, name, **kw)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("merge", dec.MERGES)
+def test_planned_variants_with_either_merge(merge, dtype, monkeypatch):
+    """plan_decode with every variant: the sinks join the splits in the fused merge and in
+    the merge kernel, step after step; no lengths (every sequence uses all N_max keys)."""
+    from course_lib.ops import plan_decode
+
+    B, H, H_kv, N_q, N_max, D = 2, 8, 2, 3, 61, 32
+    _, k, v, _ = _inputs(B, H, H_kv, N_q, N_max, D, None, dtype)
+    kw = _variant_kwargs("all", B, H, k.device)
+    _poison_kernel_outputs(monkeypatch)
+    plan = plan_decode(fresh_randn(B, H, N_q, D, dtype=dtype), k, v, num_splits=3, merge=merge,
+                       **kw)
+    assert plan.plan.window == (13, 0) and plan.plan.softcap == 2.5
+    for step in range(2):
+        q = fresh_randn(B, H, N_q, D, dtype=dtype)
+        o, lse = plan.run(q, k, v, return_lse=True)
+        _check_variants(o, lse, q, k, v, None, f"merge={merge} step {step}", **kw)
+    k_pages, v_pages, table = _paged(k, v)
+    lens = torch.full((B,), N_max, dtype=torch.int32, device=k.device)
+    paged = plan_decode(q, k_pages, v_pages, block_table=table, num_splits=3, merge=merge, **kw)
+    o, lse = paged.run(q, k_pages, v_pages, lens, table, return_lse=True)
+    _check_variants(o, lse, q, k, v, lens, f"paged merge={merge}", **kw)
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("num_splits", [1, 2, 4])
+def test_a_window_reads_only_its_band(num_splits, paged):
+    """Keys and values outside each sequence's band [L_b − N_q − left, L_b) hold NaN: one read
+    would make the output NaN. The splits cut only the band, loaded under a mask from its first
+    key, so the answer is finite and the reference's (computed on clean caches)."""
+    B, H, H_kv, N_q, N_max, D, left = 3, 4, 2, 3, 150, 32, 21
+    lengths = [150, 23, 97]
+    q, k, v, lens = _inputs(B, H, H_kv, N_q, N_max, D, lengths, torch.float32)
+    k_nan, v_nan = k.clone(), v.clone()
+    n = torch.arange(N_max, device=q.device)
+    for b, L in enumerate(lengths):
+        outside = (n < L - N_q - left) | (n >= L)
+        k_nan[b, :, outside] = float("nan")
+        v_nan[b, :, outside] = float("nan")
+    kw = dict(window_size=(left, 0), sinks=fresh_randn(H))
+    if paged:
+        k_pages, v_pages, table = _paged(k_nan, v_nan, block_size=16)
+        o, lse = paged_decode(q, k_pages, v_pages, table, lens, num_splits=num_splits,
+                              return_lse=True, **kw)
+    else:
+        o, lse = flash_decode(q, k_nan, v_nan, lens, num_splits=num_splits, return_lse=True,
+                              **kw)
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all(), "a key outside the band read"
+    _check_variants(o, lse, q, k, v, lens, f"{num_splits} splits", **kw)
+
+
+def test_the_splits_share_only_the_band(monkeypatch):
+    """Split s of a window decode holds the lse of its run of the band's tiles: the runs start
+    at the band's first tile, not at key 0 (two causal queries, three splits, merge kernel)."""
+    B, H, H_kv, N_q, N_max, D, left, S = 1, 2, 1, 2, 150, 32, 40, 3
+    q, k, v, lens = _inputs(B, H, H_kv, N_q, N_max, D, [137], torch.float32)
+    plan = dec.make_plan(B, H, H_kv, N_q, D, N_max, q.device, num_splits=S, merge="kernel",
+                         window=(left, 0))
+    out, lse = torch.empty_like(q), torch.empty(B, H, N_q, device=q.device)
+    dec.run_plan(plan, q, k, v, lens, None, D ** -0.5, out, lse)
+    bn, L = plan.config["BLOCK_N"], 137
+    first = (L - N_q - left) // bn * bn  # the first tile any row sees
+    per_split = -(-(-(-(L - first) // bn)) // S)  # tiles per split, of the band's
+    scores = torch.einsum("hid,hnd->hin", q[0], k[0].expand(H, -1, -1)) * D ** -0.5
+    n = torch.arange(N_max, device=q.device)
+    for i in range(N_q):
+        p = L - N_q + i
+        for s in range(S):
+            lo = first + s * per_split * bn
+            keys = (n >= max(lo, p - left)) & (n < min(lo + per_split * bn, p + 1))
+            want = (torch.logsumexp(scores[:, i, keys], -1) if keys.any()
+                    else torch.full((H,), -math.inf, device=q.device))
+            torch.testing.assert_close(plan.lse_part[0, :, i, s], want, atol=1e-5, rtol=1e-5)
+    _check_variants(out, lse, q, k, v, lens, "merged", window_size=(left, 0))
+
+
+def test_a_window_bounds_the_work_the_splits_are_chosen_for():
+    """The split count and tile order follow the keys a sequence reads: left + N_q with a
+    window, not the cache's length (on the GPU's rule; the interpreter caps the count)."""
+    full = dec.make_plan(1, 32, 8, 1, 128, 4096, "cpu", sm_count=132)
+    window = dec.make_plan(1, 32, 8, 1, 128, 4096, "cpu", sm_count=132, window=(16, 0))
+    assert full.num_splits > 1 and window.num_splits == 1
+    wide = dec.make_plan(1, 32, 8, 1, 128, 4096, "cpu", sm_count=132, window=(8192, 0))
+    assert wide.num_splits == full.num_splits  # a window wider than the cache bounds nothing
+
+
+def test_default_keywords_are_plain_attention():
+    """Explicit defaults, a window (-1, right) (the decode is causal: right is 0) and a zero
+    cap give plain decode, bit for bit."""
+    q, k, v, lens = _inputs(2, 4, 2, 3, 40, 32, [40, 11], torch.float32)
+    want = flash_decode(q, k, v, lens, num_splits=2)
+    for kw in (dict(window_size=(-1, -1)), dict(window_size=[-1, 5]), dict(softcap=0),
+               dict(window_size=(100, 0))):
+        assert torch.equal(flash_decode(q, k, v, lens, num_splits=2, **kw), want), kw
+
+
+def test_variant_operators_opcheck_and_compile():
+    """The operators carry the variants (schema with defaults, fake implementations):
+    opcheck, and torch.compile(fullgraph=True) gives the eager answer."""
+    B, H, H_kv, N_q, N_max, D = 2, 4, 2, 3, 40, 16
+    q, k, v, lens = _inputs(B, H, H_kv, N_q, N_max, D, [40, 13], torch.float32)
+    kw = _variant_kwargs("all", B, H, q.device)
+    variants = (13, kw["softcap"], kw["alibi_slopes"], kw["sinks"])
+    torch.library.opcheck(torch.ops.course.flash_decode.default,
+                          (q, k, v, lens, 0, 0.25, [], *variants))
+    torch.library.opcheck(torch.ops.course.flash_decode.default, (q, k, v, lens, 2, 0.25, []))
+    k_pages, v_pages, table = _paged(k, v)
+    torch.library.opcheck(torch.ops.course.paged_decode.default,
+                          (q, k_pages, v_pages, table, lens, 3, 0.25, [], *variants))
+    torch._dynamo.reset()
+
+    def step(q, k, v, lens, k_pages, v_pages, table):
+        return (flash_decode(q, k, v, lens, **kw),
+                paged_decode(q, k_pages, v_pages, table, lens, num_splits=2, **kw))
+
+    got = torch.compile(step, fullgraph=True, backend="aot_eager")(q, k, v, lens, k_pages,
+                                                                    v_pages, table)
+    for g, w in zip(got, step(q, k, v, lens, k_pages, v_pages, table)):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_variants_read_nothing_back_from_the_device():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        reads = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                Count.reads += 1
+            return func(*args, **(kwargs or {}))
+
+    q, k, v, lens = _inputs(2, 4, 2, 1, 40, 16, [40, 13], torch.float32)
+    kw = _variant_kwargs("all", 2, 4, q.device)
+    k_pages, v_pages, table = _paged(k, v)
+    with Count():
+        flash_decode(q, k, v, lens, num_splits=2, **kw)
+        paged_decode(q, k_pages, v_pages, table, lens, **kw)
+        from course_lib.ops import plan_decode
+
+        plan_decode(q, k, v, **kw).run(q, k, v, lens)
+    assert Count.reads == 0
+
+
+def test_variant_calls_repeat_their_bound_launch(monkeypatch):
+    """flash_decode's repeat with the variants (a stand-in for the bound split kernel records
+    the launches): the sinks' address is a free argument after the cache's geometry, so a
+    layer with sinks of its own reuses the plan's bound launch instead of binding anew, and a
+    call shaped like an earlier one (its sinks included) makes no checks."""
+    from course_lib.kernels import decode as kd
+
+    launched, bound = [], []
+    monkeypatch.setattr(kd, "run_plan", lambda *a, **kw: bound.append(kw) or [
+        lambda *p: launched.append(p)])
+    monkeypatch.setattr(opd, "_PLANS", type(opd._PLANS)())
+    monkeypatch.setattr(opd, "_REPEATS", {})
+    checks = []
+    real_check = opd._variants
+    monkeypatch.setattr(opd, "_variants", lambda *a: checks.append(1) or real_check(*a))
+    B, H, H_kv, D, N = 1, 4, 2, 16, 40
+    q, k, v = fresh_randn(B, H, 1, D), fresh_randn(B, H_kv, N, D), fresh_randn(B, H_kv, N, D)
+    sinks = [fresh_randn(H), fresh_randn(H)]  # two layers
+    for layer in (0, 1):
+        flash_decode(q, k, v, window_size=(8, 0), sinks=sinks[layer])
+    assert len(bound) == 1 and bound[0]["sinks"] is sinks[0], "the second layer bound anew"
+    assert launched[-1][-2:] == (sinks[1].data_ptr(), sinks[1].data_ptr())
+    assert len(checks) == 2 and len(opd._REPEATS) == 2
+    flash_decode(q, k, v, window_size=(8, 0), sinks=sinks[0])  # repeated: no checks
+    assert len(checks) == 2 and launched[-1][-2:] == (sinks[0].data_ptr(),) * 2
+    flash_decode(q, k, v, window_size=(9, 0), sinks=sinks[0])  # another window: another plan
+    assert len(checks) == 3 and len(bound) == 2 and len(opd._PLANS) == 2
+    with pytest.raises(TypeError, match="window_size"):
+        flash_decode(q, k, v, window_size=(8.0, 0), sinks=sinks[0])  # 8.0 == 8: still checked
+
+
+def _bad_variants():
+    """(keywords, error, message): every bad variant argument, named."""
+    B, H = 2, 4
+    return [
+        (dict(window_size=(-2, 0)), ValueError, "window_size must be >= -1"),
+        (dict(window_size=8), TypeError, "window_size must be a pair"),
+        (dict(window_size=(8, True)), TypeError, "window_size must be a pair"),
+        (dict(softcap=-1.0), ValueError, "softcap must be > 0"),
+        (dict(softcap=True), TypeError, "softcap must be a number"),
+        (dict(alibi_slopes=torch.ones(H + 1)), ValueError, r"alibi_slopes must have shape"),
+        (dict(alibi_slopes=torch.ones(B, H, dtype=torch.float16)), TypeError,
+         "alibi_slopes must be float32"),
+        (dict(alibi_slopes=[0.5] * H), TypeError, "alibi_slopes must be a torch.Tensor"),
+        (dict(sinks=torch.ones(B, H)), ValueError, r"sinks must have shape \(4\)"),
+        (dict(sinks=torch.ones(H, dtype=torch.float64)), TypeError, "sinks must be float32"),
+    ]
+
+
+@pytest.mark.parametrize("kw, error, message", _bad_variants(),
+                         ids=[f"{next(iter(c[0]))}-{i}" for i, c in enumerate(_bad_variants())])
+def test_bad_variants_name_the_argument(kw, error, message):
+    from course_lib.ops import plan_decode
+
+    q, k, v, lens = _small()
+    kw = {n: t.to(q.device) if isinstance(t, torch.Tensor) else t for n, t in kw.items()}
+    k_pages, table = contiguous_to_pages(k, block_size=16, num_blocks=6)
+    v_pages, _ = contiguous_to_pages(v, block_size=16, num_blocks=6)
+    for call in (lambda: flash_decode(q, k, v, lens, **kw),
+                 lambda: flash_decode(q, k, v, lens, **kw),  # a repeat checks it too
+                 lambda: paged_decode(q, k_pages, v_pages, table, lens, **kw),
+                 lambda: plan_decode(q, k, v, **kw)):
+        with pytest.raises(error, match=message):
+            call()
+
+
+@pytest.mark.parametrize("sink", [None, 1.5, 30.0])
+def test_the_merge_adds_the_sink(sink):
+    """The merge kernel with HAS_SINK: the sink is one more term of the denominator with no
+    value; a row no split saw (all lse_s = -inf) gets o = 0 and lse = the sink."""
+    import triton
+
+    gen = torch.Generator().manual_seed(1)
+    S, D = 5, 16
+    s = torch.randn(2, 40, generator=gen) * 3  # two rows' scores
+    vals = torch.randn(40, D, generator=gen)
+    bounds = [0, 3, 3, 20, 33, 40]
+    o_part = torch.full((2, S, D), float("nan"))
+    lse_part = torch.full((2, S), float("-inf"))
+    for i in range(S):
+        lo, hi = bounds[i], bounds[i + 1]
+        if lo < hi:
+            lse_part[0, i] = torch.logsumexp(s[0, lo:hi], -1)
+            o_part[0, i] = torch.softmax(s[0, lo:hi], -1) @ vals[lo:hi]
+    logits = s[0] if sink is None else torch.cat([s[0], torch.tensor([sink])])
+    want_lse = [torch.logsumexp(logits, -1), -math.inf if sink is None else sink]
+    want_o = [torch.softmax(logits, -1)[:40] @ vals, torch.zeros(D)]  # row 1: no key
+    dev = course_lib.DEVICE
+    sinks = torch.full((1,), 0.0 if sink is None else sink, device=dev)
+    out = poison_(torch.empty(2, 1, 1, D, device=dev))  # (B, H, N_q, D): rows are sequences
+    lse = poison_(torch.empty(2, 1, 1, device=dev))
+    dec._decode_merge_kernel[(2,)](o_part.to(dev), lse_part.to(dev), out, lse, sinks, 1, D, D, D,
+                                   N_Q=1, NUM_SPLITS=S, BLOCK_S=triton.next_power_of_2(S),
+                                   HEAD_DIM=D, CHUNK=4, HAS_SINK=sink is not None)
+    for r in range(2):
+        torch.testing.assert_close(out[r].reshape(D).cpu(), want_o[r], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(lse[r].reshape(()).cpu(),
+                                   torch.as_tensor(float(want_lse[r])), atol=1e-5, rtol=1e-5)
+
+
 # ------------------------------------------------------------------------------- the LSE merge
 
 def test_lse_merge_kernel_on_its_own():
@@ -321,7 +655,7 @@ def test_lse_merge_kernel_on_its_own():
     out = poison_(torch.empty(B, H, N_q, D, device=dev))
     lse = poison_(torch.empty(B, H, N_q, device=dev))
     dec._decode_merge_kernel[(B * H * N_q,)](
-        o_part, lse_part, out, lse, H, out.stride(0), out.stride(1), out.stride(2),
+        o_part, lse_part, out, lse, lse, H, out.stride(0), out.stride(1), out.stride(2),
         N_Q=N_q, NUM_SPLITS=S, BLOCK_S=triton.next_power_of_2(S), HEAD_DIM=D)
     torch.testing.assert_close(out.cpu(), want_o, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse.cpu(), want_lse, atol=1e-5, rtol=1e-5)
@@ -454,6 +788,66 @@ def test_gpu_every_tuning_config_is_correct(config):
     _check(o, lse, q, k, v, lens, str(config))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("N_q", [1, 4])
+@pytest.mark.parametrize("name", ["window_causal", "all"])
+def test_gpu_variants_on_a_long_ragged_batch(name, N_q, paged, dtype):
+    """A sliding window of 1024 over caches up to 32k (the split count chosen for the band),
+    alone and with softcap, ALiBi and sinks; the variants' keys NaN outside each band."""
+    lengths = [32768, 4097, 1, 20000]
+    q, k, v, lens = _inputs(4, 32, 8, N_q, 32768, 128, lengths, dtype)
+    kw = _variant_kwargs(name, 4, 32, q.device)
+    kw["window_size"] = (1024, 0)
+    k_nan, v_nan = k.clone(), v.clone()
+    n = torch.arange(k.shape[2], device=q.device)
+    for b, L in enumerate(lengths):
+        outside = (n < L - N_q - 1024) | (n >= L)
+        k_nan[b, :, outside] = float("nan")
+        v_nan[b, :, outside] = float("nan")
+    if paged:
+        k_pages, v_pages, table = _paged(k_nan, v_nan, block_size=16)
+        o, lse = paged_decode(q, k_pages, v_pages, table, lens, return_lse=True, **kw)
+    else:
+        o, lse = flash_decode(q, k_nan, v_nan, lens, return_lse=True, **kw)
+    _check_variants(o, lse, q, k, v, lens, f"{name} GPU", **kw)
+
+
+@pytest.mark.gpu
+def test_gpu_variant_layers_repeat_and_replay_in_a_cuda_graph():
+    """Eagerly, layers with sinks of their own repeat one bound launch with each layer's sinks
+    (right for every layer, step after step); a planned step with every variant replays in a
+    CUDA graph (the merge kernel adds the sinks there)."""
+    from course_lib.ops import plan_decode
+
+    B, H, H_kv, N_q, N, D = 2, 32, 8, 1, 4096, 128
+    _, k, v, lens = _inputs(B, H, H_kv, N_q, N, D, [4096, 1500], torch.float16)
+    layers = [_variant_kwargs("all", B, H, k.device) for _ in range(3)]
+    for i, kw in enumerate(layers):
+        kw["sinks"], kw["window_size"] = fresh_randn(H, seed=i, scale=2.0), (1000, 0)
+    for step in range(2):
+        q = fresh_randn(B, H, N_q, D, dtype=torch.float16)
+        for i, kw in enumerate(layers):
+            o, lse = flash_decode(q, k, v, lens, return_lse=True, **kw)
+            _check_variants(o, lse, q, k, v, lens, f"step {step} layer {i}", **kw)
+            o = flash_decode(q, k, v, lens, **kw)  # the repeat path (no lse returned)
+            _check_variants(o, lse, q, k, v, lens, f"repeat {step} layer {i}", **kw)
+    kw = layers[0]
+    q = fresh_randn(B, H, N_q, D, dtype=torch.float16)
+    plan = plan_decode(q, k, v, num_splits=8, **kw)
+    plan.run(q, k, v, lens)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = plan.run(q, k, v, lens, return_lse=True)
+    for step in range(2):
+        q.copy_(fresh_randn(*q.shape, dtype=q.dtype))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check_variants(out, lse, q, k, v, lens, f"graph replay {step}", **kw)
+
+
 # ------------------------------------------------------------------------------- the lesson's
 # other pieces: split partition, widget, IO model, benchmark bookkeeping
 
@@ -514,7 +908,7 @@ def test_merge_exercise_solution_equals_the_merge_kernel():
     lse_t = torch.tensor(lse_parts, dtype=torch.float32, device=dev).view(1, 1, 1, S)
     out = poison_(torch.empty(1, 1, 1, D, device=dev))
     lse = poison_(torch.empty(1, 1, 1, device=dev))
-    dec._decode_merge_kernel[(1,)](o_t, lse_t, out, lse, 1, D, D, D, N_Q=1, NUM_SPLITS=S,
+    dec._decode_merge_kernel[(1,)](o_t, lse_t, out, lse, lse, 1, D, D, D, N_Q=1, NUM_SPLITS=S,
                                    BLOCK_S=triton.next_power_of_2(S), HEAD_DIM=D, CHUNK=4)
     want_o, want_lse = merge_partials_solution(o_parts, lse_parts)
     np.testing.assert_allclose(out.cpu().numpy().ravel(), want_o, rtol=1e-5, atol=1e-6)

@@ -17,7 +17,9 @@ and its launcher.
   the config tables are keyed by the padded dim);
 * ``_q_block_program``: which Q block and head a program owns (Q blocks fastest, GQA heads
   neighbours, causal grids longest rows first);
-* ``launch``: interpreter blocks, a fixed config, or the autotuner, by length.
+* ``launch``: interpreter blocks, a fixed config, or the autotuner, by length;
+* ``_bwd_preprocess_kernel``: the backward's first step, delta = rowsum(dO ∘ O) and the lse in
+  base 2 (``flash_bwd.py`` and the variants' ``flash_variants_bwd.py``).
 """
 from __future__ import annotations
 
@@ -114,6 +116,31 @@ def _load_tile(ptrs, rows_ok, cols_ok, ROWS: tl.constexpr, COLS: tl.constexpr):
     else:
         x = tl.load(ptrs)
     return x
+
+
+@triton.jit
+def _bwd_preprocess_kernel(O, DO, LSE, Delta, LSE2, N_Q,
+                           HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)  # tl.arange's power of two
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    mask_m = offs_m < N_Q
+    d_ok = offs_d[None, :] < HEAD_DIM  # with PAD_D: the padding loads as 0, adds 0 to delta
+    acc_ty = Delta.dtype.element_ty  # fp32 (fp64 only for gradcheck in the interpreter)
+    base = pid_bh.to(tl.int64) * N_Q * HEAD_DIM
+    ptrs = base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]  # (BLOCK_M, HEAD_DIM_PAD)
+    m_ok = _tile_mask(mask_m[:, None], d_ok, PAD_D)
+    o = tl.load(O + ptrs, mask=m_ok, other=0.0).to(acc_ty)
+    do = tl.load(DO + ptrs, mask=m_ok, other=0.0).to(acc_ty)
+    delta = tl.sum(o * do, axis=1)  # (BLOCK_M,)
+    row = pid_bh.to(tl.int64) * N_Q + offs_m
+    lse = tl.load(LSE + row, mask=mask_m, other=0.0).to(acc_ty)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    tl.store(Delta + row, delta, mask=mask_m)
+    tl.store(LSE2 + row, lse2, mask=mask_m)
 
 
 def cdiv(a: int, b: int) -> int:

@@ -16,11 +16,17 @@ online softmax in base 2 with fp32 accumulators, causal among the ``N_q`` rows (
 aligned to ``L_b``). It writes the split's normalised ``o_s`` (fp32) and its natural-log ``lse_s``;
 a single split writes the answer itself.
 
-``_decode_merge_kernel``: one program per query row, ``lse = log Σ_s exp(lse_s)``, ``o = Σ_s
-exp(lse_s − lse)·o_s`` (lesson 01's (m, d) merge). Empty splits carry ``lse_s = −inf``. The same
-code (``_merge_row``) can end the split kernel (``FUSED_MERGE``): each program counts itself in
-with an atomic add on its rows' counter (release-acquire, after a barrier: NVIDIA's
-threadFenceReduction CUDA sample); the last one merges and resets the counter to 0.
+The merge (``decode_merge.py``: lesson 01's (m, d) merge) is a kernel of one program per query
+row, or ends the split kernel (``FUSED_MERGE``): each program counts itself in with an atomic add
+on its rows' counter (release-acquire, after a barrier: NVIDIA's threadFenceReduction CUDA
+sample); the last one merges the rows (``_merge_row``) and resets the counter to 0.
+
+Lesson 15's variants (notebooks/15_attention_variants.ipynb), FlashAttention's semantics as in
+``flash_variants.py``, are constexpr flags that compile to nothing when off. ``WINDOW`` (LEFT, 0):
+the row at key position p = L_b − N_q + i sees p − LEFT <= j <= p; the splits cut only the band
+[lo, L_b) (``_band_bounds``), loaded under a mask, so a sliding-window step reads LEFT + N_q keys,
+not L_b. ``HAS_SOFTCAP``, ``HAS_ALIBI``: ``_variant_scores``. ``HAS_SINKS``: the sink joins the
+denominator in the merge, or in the split kernel where it is the only split. Not benchmarked yet.
 
 ``paged_decode`` runs the same kernels with ``PAGED=True``: row ``n`` of K/V lives at
 ``k_pages[block_table[b, n // block_size], n % block_size, g]`` (PagedAttention: Kwon et al. 2023,
@@ -53,6 +59,8 @@ from course_lib._device import INTERPRET
 from course_lib._launch import bind as bind_launch
 from course_lib._launch import launch
 from course_lib.kernels.attention_common import _tile_mask, cdiv, next_pow2
+from course_lib.kernels.band import _band_bounds, _variant_scores
+from course_lib.kernels.decode_merge import _decode_merge_kernel, _merge_row
 from course_lib.reference import LOG2E
 
 MAX_SPLITS = 256
@@ -94,15 +102,18 @@ def _decode_split_kernel(
     Q, K, V, SEQLENS, BLOCK_TABLE, OUT, LSE_OUT,  # these 14 first: what a bound launch takes anew
     stride_kb, stride_kh, stride_kn,  # contiguous: (B, H_kv, N) strides; paged: (block, head, slot)
     stride_vb, stride_vh, stride_vn, N_MAX,
+    ALIBI, SINKS,  # the variants' slopes and sinks (fp32): free too in a launch that has them
     O_PART, LSE_PART, ARRIVED, stride_qb, stride_qh, stride_qm,
     stride_btb,
     stride_ob, stride_oh, stride_om,
-    qk_scale, H, NUM_BLOCKS,
+    qk_scale, H, NUM_BLOCKS, sm_scale, softcap, LEFT, stride_alibi_b,
     N_Q: tl.constexpr, GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQLENS: tl.constexpr,
     IEEE_DOT: tl.constexpr, FUSED_MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
-    CHUNK: tl.constexpr, INTERLEAVED: tl.constexpr,
+    CHUNK: tl.constexpr, INTERLEAVED: tl.constexpr, WINDOW: tl.constexpr = False,
+    HAS_SOFTCAP: tl.constexpr = False, HAS_ALIBI: tl.constexpr = False,
+    HAS_SINKS: tl.constexpr = False,
 ):
     split = tl.program_id(0)
     bg = tl.program_id(1)  # b * H_kv + g
@@ -115,13 +126,17 @@ def _decode_split_kernel(
         seqlen = tl.minimum(tl.maximum(tl.load(SEQLENS + b), 0), N_MAX)
     else:
         seqlen = N_MAX
+    if WINDOW:  # the splits share the band's keys [lo, seqlen), whole tiles from lo's
+        lo, _, _, _ = _band_bounds(0, N_Q, seqlen, LEFT, 0, N_Q, BLOCK_N)
+    else:
+        lo = 0
     if INTERLEAVED:  # tiles dealt round-robin: split s owns tiles s, s + S, s + 2S, ...
         step: tl.constexpr = NUM_SPLITS * BLOCK_N
-        start, end = split * BLOCK_N, seqlen
+        start, end = lo + split * BLOCK_N, seqlen
     else:  # split s owns a run of whole BLOCK_N tiles [s·T, (s+1)·T) of this sequence's keys
         step: tl.constexpr = BLOCK_N
-        tiles_per_split = tl.cdiv(tl.cdiv(seqlen, BLOCK_N), NUM_SPLITS)
-        start = split * tiles_per_split * BLOCK_N
+        tiles_per_split = tl.cdiv(tl.cdiv(seqlen - lo, BLOCK_N), NUM_SPLITS)
+        start = lo + split * tiles_per_split * BLOCK_N
         end = tl.minimum(start + tiles_per_split * BLOCK_N, seqlen)
 
     # Rows of this program: r = head_in_group · N_Q + query_index (G·N_Q rows per kv head).
@@ -150,6 +165,9 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+    slope = 0.0
+    if HAS_ALIBI:  # each row's head's slope, as a column: (BLOCK_M, 1)
+        slope = tl.load(ALIBI + b * stride_alibi_b + head, mask=row_ok, other=0.0)[:, None]
 
     if PAGED:
         k_base = K + g * stride_kh
@@ -162,6 +180,8 @@ def _decode_split_kernel(
     for start_n in range(start, end, step):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) logical key positions
         n_ok = offs_n < end
+        if WINDOW:  # no key before the band is loaded, not even in its first tile
+            n_ok = n_ok & (offs_n >= seqlen - N_Q - LEFT)
         if PAGED:
             # logical token n -> (physical block, slot): the block table is the page table
             block = tl.load(bt_base + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
@@ -180,8 +200,12 @@ def _decode_split_kernel(
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
             s = tl.dot(q, tl.trans(k))
+        s = _variant_scores(s, qi, offs_n, seqlen - N_Q, sm_scale, softcap, slope, HAS_SOFTCAP,
+                            HAS_ALIBI)  # the cap and the ALiBi bias, if any (in q·k's units)
         s = s * qk_scale  # (BLOCK_M, BLOCK_N), base-2 logits
         visible = offs_n[None, :] <= last_key[:, None]  # causal and in range (n < seqlen)
+        if WINDOW:  # and no further back than LEFT keys
+            visible = visible & (offs_n[None, :] >= last_key[:, None] - LEFT)
         s = tl.where(visible, s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -195,6 +219,14 @@ def _decode_split_kernel(
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
+    if HAS_SINKS:  # e^{sink} joins the denominator, with no value: here if no merge follows
+        if NUM_SPLITS == 1:
+            sink = tl.load(SINKS + head, mask=row_ok, other=0.0) * 1.4426950408889634  # base 2
+            m_new = tl.maximum(m_i, sink)
+            alpha = tl.math.exp2(m_i - m_new)  # 0 for a row that saw no key (m_i = -inf)
+            l_i = l_i * alpha + tl.math.exp2(sink - m_new)
+            acc = acc * alpha[:, None]
+            m_i = m_new
     # A split with no visible key (past a short sequence's end, or before a causal row's first
     # key) has l = 0: it stores lse = -inf and o = 0, and weighs nothing in the merge.
     has_keys = l_i > 0.0
@@ -221,66 +253,11 @@ def _decode_split_kernel(
                 for r in range(m_tile * BLOCK_M, rows_end):
                     head_r = g * GROUP + r // N_Q
                     qi_r = r % N_Q
+                    sink_r = tl.load(SINKS + head_r) if HAS_SINKS else 0.0
                     _merge_row(O_PART, LSE_PART, (b * H + head_r) * N_Q + qi_r,
                                OUT + b.to(tl.int64) * stride_ob + head_r * stride_oh
-                               + qi_r * stride_om, LSE_OUT,
-                               NUM_SPLITS, BLOCK_S, HEAD_DIM, CHUNK)
-
-
-@triton.jit
-def _merge_row(O_PART, LSE_PART, row, out_ptr, LSE_OUT, NUM_SPLITS: tl.constexpr,
-               BLOCK_S: tl.constexpr, HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr):
-    """Merge the NUM_SPLITS partial results of query row ``row`` into ``out_ptr`` (HEAD_DIM
-    values) and ``LSE_OUT[row]``."""
-    HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)  # columns past D masked
-    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    # pass 1: the largest lse_s (empty splits hold -inf)
-    offs_s = tl.arange(0, BLOCK_S)
-    lse_all = tl.load(LSE_PART + row * NUM_SPLITS + offs_s, mask=offs_s < NUM_SPLITS,
-                      other=float("-inf"))  # (BLOCK_S,)
-    lse_max = tl.max(lse_all, 0)
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    # pass 2: o = Σ_s e^{lse_s − lse_max} o_s / Σ_s e^{lse_s − lse_max}, CHUNK splits at a time
-    acc = tl.zeros([HEAD_DIM_PAD], tl.float32)
-    denom = tl.zeros([CHUNK], tl.float32)
-    for s0 in range(0, NUM_SPLITS, CHUNK):
-        offs_c = s0 + tl.arange(0, CHUNK)
-        lse_s = tl.load(LSE_PART + row * NUM_SPLITS + offs_c, mask=offs_c < NUM_SPLITS,
-                        other=float("-inf"))  # (CHUNK,)
-        used = lse_s > float("-inf")
-        w = tl.where(used, tl.exp(lse_s - lse_max), 0.0)
-        o_mask = _tile_mask((offs_c < NUM_SPLITS)[:, None], offs_d[None, :] < HEAD_DIM, PAD_D)
-        o_s = tl.load(O_PART + (row * NUM_SPLITS + offs_c)[:, None] * HEAD_DIM + offs_d[None, :],
-                      mask=o_mask, other=0.0)  # (CHUNK, HEAD_DIM_PAD), loaded with the lses
-        o_s = tl.where(used[:, None], o_s, 0.0)  # an empty split weighs nothing, whatever it holds
-        acc += tl.sum(o_s * w[:, None], 0)
-        denom += w
-    total = tl.sum(denom, 0)
-    total_safe = tl.where(total > 0.0, total, 1.0)
-    o = acc / total_safe  # (HEAD_DIM_PAD,)
-    lse = tl.where(total > 0.0, lse_max + tl.log(total_safe), float("-inf"))
-    if PAD_D:
-        tl.store(out_ptr + offs_d, o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
-    else:
-        tl.store(out_ptr + offs_d, o.to(out_ptr.dtype.element_ty))
-    tl.store(LSE_OUT + row, lse)
-
-
-@triton.jit
-def _decode_merge_kernel(
-    O_PART, LSE_PART, OUT, LSE_OUT,
-    H,
-    stride_ob, stride_oh, stride_om,
-    N_Q: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-    HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr = 16,
-):
-    row = tl.program_id(0)  # (b·H + h)·N_Q + i
-    bh, i = row // N_Q, row % N_Q
-    b, h = bh // H, bh % H
-    _merge_row(O_PART, LSE_PART, row,
-               OUT + b.to(tl.int64) * stride_ob + h * stride_oh + i * stride_om, LSE_OUT,
-               NUM_SPLITS, BLOCK_S, HEAD_DIM, CHUNK)
+                               + qi_r * stride_om, LSE_OUT, sink_r,
+                               NUM_SPLITS, BLOCK_S, HEAD_DIM, CHUNK, HAS_SINKS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -400,13 +377,18 @@ class SplitPlan:
     bound: tuple | None = None
     lse_scratch: torch.Tensor | None = None  # the lse of eager calls that do not return it
     interleaved: bool = False  # tiles dealt to the splits round-robin (``make_plan``)
+    window: tuple = (-1, 0)  # the variants' (left, 0), and softcap (0.0: none): ``make_plan``
+    softcap: float = 0.0
 
 
 def make_plan(B: int, H: int, H_kv: int, N_q: int, D: int, n_max: int, device, *,
               num_splits: int | None = None, config: dict | None = None, paged: bool = False,
               page_size: int = 1, num_blocks: int = 1, sm_count: int | None = None,
-              merge: str = DEFAULT_MERGE, interleaved: bool | None = None) -> SplitPlan:
-    """A ``SplitPlan`` for caches of at most ``n_max`` keys (inputs already validated).
+              merge: str = DEFAULT_MERGE, interleaved: bool | None = None,
+              window: tuple = (-1, 0), softcap: float = 0.0) -> SplitPlan:
+    """A ``SplitPlan`` for caches of at most ``n_max`` keys (inputs already validated), with the
+    variants' ``window`` (left, 0) and ``softcap``: a window bounds the work a sequence's splits
+    share to left + N_q keys, and the split count and config are chosen for that.
 
     ``merge``: "fused" (the last split of each group of rows merges them: one launch),
     "kernel" (a second kernel merges every row: two launches) or "auto" (``MERGES``).
@@ -417,16 +399,18 @@ def make_plan(B: int, H: int, H_kv: int, N_q: int, D: int, n_max: int, device, *
     rows = (H // H_kv) * N_q
     block_m = _block_m(rows)
     m_tiles = cdiv(rows, block_m)
+    n_work = n_max if window[0] < 0 else min(n_max, window[0] + N_q)  # keys a sequence reads
     cfg = (dict(config) if config is not None
-           else pick_config(D, B, H_kv, n_max, m_tiles, sm_count=sm_count))
+           else pick_config(D, B, H_kv, n_work, m_tiles, sm_count=sm_count))
     if num_splits is None:
-        num_splits = choose_num_splits(B, H_kv, n_max, cfg["BLOCK_N"], sm_count=sm_count,
+        num_splits = choose_num_splits(B, H_kv, n_work, cfg["BLOCK_N"], sm_count=sm_count,
                                        m_tiles=m_tiles,
                                        max_splits=INTERPRET_MAX_SPLITS if INTERPRET else MAX_SPLITS)
     plan = SplitPlan(B, H, H_kv, N_q, D, n_max, paged, page_size, num_blocks, num_splits,
-                     block_m, m_tiles, cfg, merge, o_part=None, lse_part=None, arrived=None)
+                     block_m, m_tiles, cfg, merge, o_part=None, lse_part=None, arrived=None,
+                     window=tuple(window), softcap=float(softcap))
     plan.interleaved = (num_splits >= INTERLEAVE_MIN_SPLITS
-                        and cdiv(n_max, cfg["BLOCK_N"]) >= INTERLEAVE_MIN_TILES
+                        and cdiv(n_work, cfg["BLOCK_N"]) >= INTERLEAVE_MIN_TILES
                         if interleaved is None else interleaved)
     if num_splits > 1:  # scratch for the partials (one split writes the answer directly)
         plan.o_part = _empty((B, H, N_q, num_splits, D), device=device, dtype=torch.float32)
@@ -443,8 +427,17 @@ def capturing() -> bool:
 
 
 # A bound launch of the split kernel (course_lib._launch.bind) takes its first 14 arguments anew:
-# the addresses of q, k, v, seqlens, block_table, out, lse, the cache's 6 strides, N_MAX.
+# the addresses of q, k, v, seqlens, block_table, out, lse, the cache's 6 strides, N_MAX (and
+# where it has ALiBi slopes or sinks, the 2 of ``variant_tensors``).
 SPLIT_FREE = 14
+
+
+def variant_tensors(alibi_slopes, sinks) -> tuple:
+    """(ALIBI, SINKS) of the split kernel where either is given (it stands in for the other)."""
+    if alibi_slopes is None and sinks is None:
+        return ()
+    return (sinks if alibi_slopes is None else alibi_slopes,
+            alibi_slopes if sinks is None else sinks)
 
 
 def cache_geometry(paged: bool, k, v) -> tuple:
@@ -456,13 +449,14 @@ def cache_geometry(paged: bool, k, v) -> tuple:
 
 
 def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, out, lse,
-             bind: bool = False, n_max: int | None = None):
+             bind: bool = False, n_max: int | None = None, alibi_slopes=None, sinks=None):
     """A decode step into ``out`` (B, H, N_q, D) and ``lse`` (B, H, N_q): one launch (one split,
     or the fused merge) or two (then the merge kernel). ``k``, ``v``: (B, H_kv, N, D), or pages
     (num_blocks, block_size, H_kv, D) with ``block_table``; ``seqlens`` (B,) int32 or None.
     ``bind=True`` returns the launches bound to all but ``SPLIT_FREE`` (or None): call the first
-    as ``launch(*addresses, *cache_geometry(paged, k, v), n_max)``. ``n_max``: the cache's length
-    where it is shorter than the plan's (a plan serves a range of lengths)."""
+    as ``launch(*addresses, *cache_geometry(paged, k, v), n_max, *variant_addresses)``.
+    ``n_max``: the cache's length where it is shorter than the plan's (a plan serves a range of
+    lengths). ``alibi_slopes`` (H,) or (B, H), ``sinks`` (H,): contiguous fp32, or None."""
     sq, so = q.stride(), out.stride()
     skb, skh, skn, svb, svh, svn = cache_geometry(plan.paged, k, v)
     stride_bt = block_table.stride(0) if plan.paged else 0
@@ -472,7 +466,8 @@ def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, ou
     fused = merge == "fused"
     block_s = next_pow2(S)
     chunk = min(MERGE_CHUNK, block_s)  # one chunking for both merges: the same sums
-    go = functools.partial(bind_launch, SPLIT_FREE) if bind else launch
+    tensors = variant_tensors(alibi_slopes, sinks)  # (ALIBI, SINKS) or ()
+    go = functools.partial(bind_launch, SPLIT_FREE + len(tensors)) if bind else launch
     # One split never touches the scratch buffers (NUM_SPLITS == 1 is a compiled variant of its
     # own): lse stands in for them, so a plan of one split holds no tensor at all.
     o_part, lse_part, arrived = ((lse, lse, lse) if S == 1 else
@@ -480,20 +475,25 @@ def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, ou
     split = go(_decode_split_kernel, (S, B * plan.H_kv, plan.m_tiles),
                q, k, v, seqlens if has_seqlens else q, block_table if plan.paged else q,
                out, lse, skb, skh, skn, svb, svh, svn, plan.n_max if n_max is None else n_max,
-               o_part, lse_part, arrived, sq[0], sq[1], sq[2], stride_bt, so[0], so[1], so[2],
-               sm_scale * LOG2E, H, plan.num_blocks,
+               *(tensors or (q, q)), o_part, lse_part, arrived, sq[0], sq[1], sq[2], stride_bt,
+               so[0], so[1], so[2], sm_scale * LOG2E, H, plan.num_blocks, sm_scale,
+               plan.softcap or 1.0, plan.window[0],
+               H if alibi_slopes is not None and alibi_slopes.ndim == 2 else 0,
                N_Q=N_q, GROUP=H // plan.H_kv, NUM_SPLITS=S, HEAD_DIM=D,
                BLOCK_M=plan.block_m, BLOCK_N=cfg["BLOCK_N"], PAGED=plan.paged,
                PAGE_SIZE=plan.page_size, HAS_SEQLENS=has_seqlens,
                IEEE_DOT=q.dtype == torch.float32, FUSED_MERGE=fused, BLOCK_S=block_s,
-               CHUNK=chunk, INTERLEAVED=plan.interleaved, num_warps=cfg["num_warps"],
+               CHUNK=chunk, INTERLEAVED=plan.interleaved, WINDOW=plan.window[0] >= 0,
+               HAS_SOFTCAP=plan.softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+               HAS_SINKS=sinks is not None, num_warps=cfg["num_warps"],
                num_stages=cfg["num_stages"])
     launches = [split]
     if S > 1 and not fused:
         go = functools.partial(bind_launch, 0) if bind else launch
         launches.append(go(_decode_merge_kernel, (B * H * N_q,),
-                           plan.o_part, plan.lse_part, out, lse, H, so[0], so[1], so[2],
-                           N_Q=N_q, NUM_SPLITS=S, BLOCK_S=block_s, HEAD_DIM=D, CHUNK=chunk,
+                           plan.o_part, plan.lse_part, out, lse, lse if sinks is None else sinks,
+                           H, so[0], so[1], so[2], N_Q=N_q, NUM_SPLITS=S, BLOCK_S=block_s,
+                           HEAD_DIM=D, CHUNK=chunk, HAS_SINK=sinks is not None,
                            num_warps=4 if D >= 128 else 2))
     if bind:
         return None if any(f is None for f in launches) else launches

@@ -58,6 +58,7 @@ import triton.language as tl
 from course_lib._device import INTERPRET, refuse_bf16_in_interpreter
 from course_lib.kernels.attention_common import (
     AUTOTUNE_MIN_N,
+    _bwd_preprocess_kernel,
     _load_tile,
     _q_block_program,
     _tile_mask,
@@ -67,32 +68,7 @@ from course_lib.kernels.attention_common import (
 )
 from course_lib.reference import LOG2E
 
-
-# --------------------------------------------------------------------------------------------
-# 1. Preprocess: delta = rowsum(dO ∘ O), lse₂ = lse · log2(e) (with -inf -> +inf)
-@triton.jit
-def _bwd_preprocess_kernel(O, DO, LSE, Delta, LSE2, N_Q,
-                           HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)  # tl.arange's power of two
-    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    mask_m = offs_m < N_Q
-    d_ok = offs_d[None, :] < HEAD_DIM  # with PAD_D: the padding loads as 0, adds 0 to delta
-    acc_ty = Delta.dtype.element_ty  # fp32 (fp64 only for gradcheck in the interpreter)
-    base = pid_bh.to(tl.int64) * N_Q * HEAD_DIM
-    ptrs = base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]  # (BLOCK_M, HEAD_DIM_PAD)
-    m_ok = _tile_mask(mask_m[:, None], d_ok, PAD_D)
-    o = tl.load(O + ptrs, mask=m_ok, other=0.0).to(acc_ty)
-    do = tl.load(DO + ptrs, mask=m_ok, other=0.0).to(acc_ty)
-    delta = tl.sum(o * do, axis=1)  # (BLOCK_M,)
-    row = pid_bh.to(tl.int64) * N_Q + offs_m
-    lse = tl.load(LSE + row, mask=mask_m, other=0.0).to(acc_ty)
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-    tl.store(Delta + row, delta, mask=mask_m)
-    tl.store(LSE2 + row, lse2, mask=mask_m)
+# 1. Preprocess: ``attention_common._bwd_preprocess_kernel`` (shared with the variants' backward)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,12 +1,13 @@
 """FlashAttention-2 forward for the attention of open models: sliding window, softcap, ALiBi, sinks.
 
-For notebooks/15_attention_variants.ipynb (issue 21, in progress: this forward runs in the
-interpreter and on any GPU; the backward, decode and the public keywords of ``flash_attn_v2``
-follow). It is lesson 08's portable kernel (``flash_v2.py``) with two changes, which is the
-lesson's point: every variant is
+For notebooks/15_attention_variants.ipynb: ``course_lib.ops.flash_attn_v2``'s keywords
+``window_size``, ``softcap``, ``alibi_slopes``, ``sinks`` and ``flash_attn_varlen`` run it (the
+backward is ``flash_variants_bwd.py``, the decode ``decode.py``). It is lesson 08's portable
+kernel (``flash_v2.py``) with two changes, which is the lesson's point: every variant is
 
-1. **a rule for which key blocks a block of query rows visits.** ``_band_bounds`` is the jit twin
-   of ``course_lib.masks.block_key_range``: keys a block's rows never see are never loaded, keys
+1. **a rule for which key blocks a block of query rows visits.** ``_band_bounds`` (in
+   ``band.py``, shared with the backward and the decode) is the jit twin of
+   ``course_lib.masks.block_key_range``: keys a block's rows never see are never loaded, keys
    every row sees run with no mask, and the rest run masked. The window ``(left, right)`` is
    FlashAttention's, bottom-right aligned (query i at key position p = i + N_k − N_q sees
    p − left <= j <= p + right, −1 unbounded); causal is ``right = 0``.
@@ -15,7 +16,8 @@ lesson's point: every variant is
    sink (GPT-OSS): one more logit per head in the softmax's denominator, with no value, so
    ``o = Σ e^s v / (e^sink + Σ e^s)`` and the lse includes it. The kernel keeps the scores in
    q·k's units (the cap and the bias divided by ``sm_scale``), so the softmax multiplies each
-   by ``qk_scale = sm_scale·log2 e`` once, as the portable kernel does.
+   by ``qk_scale = sm_scale·log2 e`` once, as the portable kernel does. On a GPU the tanh of
+   fp16 and bf16 inputs is one instruction (``_tanh``).
 
 Packed sequences (``forward_variants_varlen``, FlashAttention's varlen layout: q (total_q, H,
 D), ``cu_seqlens``) run in the same kernel (``VARLEN``): a program reads its sequence's offsets
@@ -27,10 +29,11 @@ logit with a sink). ``course_lib.reference.attention_variants`` is the ground tr
 Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-27 (B 2, H 16, N 16k,
 D 128, bf16; every provider called eagerly, ``do_bench`` median of 7 rounds in turns; TFLOP/s on
 the visited area, 4·B·H·D per (query, key) pair a row sees; ``python -m course_lib.bench
-variants``, course_lib/data/variants_fwd.json): causal 471 TFLOP/s (FlexAttention 406); window
-1024: 342 (FlexAttention 317), 6.00x faster than full causal; causal with softcap 357, with ALiBi
-441, with sinks 456; the dense flash_attn_v2 causal 494 (portable kernel) and 555 (Hopper
-kernel). The story, and what is not measured yet: course_lib/data/perf_notes.md.
+variants``, course_lib/data/variants_fwd.json): causal 499 TFLOP/s (FlexAttention 402); window
+1024: 318 (FlexAttention 311), 5.27x faster than full causal; causal with softcap 429, with ALiBi
+445, with sinks 451; the dense flash_attn_v2 causal 483 (portable kernel) and 561 (Hopper
+kernel). The window's time varies more than the others' from run to run (0.78 to 0.85 ms in
+this session's runs). The story, and what is not measured yet: course_lib/data/perf_notes.md.
 """
 from __future__ import annotations
 
@@ -49,51 +52,19 @@ from course_lib.kernels.attention_common import (
     launch,
     next_pow2,
 )
-from course_lib.kernels.flash_v2 import PORTABLE_CONFIGS, keep_config_for_head_dim
-
-
-@triton.jit
-def _band_bounds(start_m, N_Q, N_K, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The key blocks of the query rows [start_m, start_m + BLOCK_M): (lo, full_lo, full_hi, hi),
-    multiples of BLOCK_N except ``hi``. [lo, full_lo) and [full_hi, hi) run masked, [full_lo,
-    full_hi) unmasked; nothing outside [lo, hi) is loaded (``masks.block_key_range``)."""
-    offset = N_K - N_Q
-    first = start_m + offset  # key position of the block's first row
-    last = tl.minimum(start_m + BLOCK_M, N_Q) - 1 + offset  # ... and of its last real row
-    lo = tl.where(LEFT >= 0, tl.maximum(first - LEFT, 0), 0)
-    hi = tl.where(RIGHT >= 0, tl.minimum(last + RIGHT + 1, N_K), N_K)
-    full_lo = tl.where(LEFT >= 0, tl.maximum(last - LEFT, 0), 0)  # keys every row sees
-    full_hi = tl.where(RIGHT >= 0, tl.minimum(first + RIGHT + 1, N_K), N_K)
-    lo = (lo // BLOCK_N) * BLOCK_N
-    hi = tl.maximum(hi, lo)  # a block whose rows see no key: every loop empty
-    full_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N) * BLOCK_N, lo), hi)
-    full_hi = tl.maximum(tl.minimum((full_hi // BLOCK_N) * BLOCK_N, hi), full_lo)
-    return lo, full_lo, full_hi, hi
-
-
-@triton.jit
-def _tanh(x):
-    """tanh from one exp2 (the interpreter and every GPU have it): 1 − 2 / (e^{2x} + 1)."""
-    return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)  # 2·log2(e)
-
-
-@triton.jit
-def _variant_scores(qk, offs_m, offs_n, q_offset, sm_scale, softcap, slope,
-                    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
-    """Raw q·k of a tile -> capped and ALiBi-biased, still in q·k's units (the softmax scales
-    them by sm_scale·log2 e): c·tanh(sm_scale·qk / c) / sm_scale − (slope / sm_scale)·|p − j|."""
-    s = qk
-    if HAS_SOFTCAP:
-        s = (softcap / sm_scale) * _tanh(qk * (sm_scale / softcap))
-    if HAS_ALIBI:
-        dist = tl.abs(offs_m[:, None] + q_offset - offs_n[None, :]).to(tl.float32)
-        s = s - (slope / sm_scale) * dist
-    return s
+from course_lib.kernels.band import (  # noqa: F401 (re-exported: lesson 15 prints them)
+    GPU_TANH,
+    _band_bounds,
+    _key_limits,
+    _tanh,
+    _variant_scores,
+)
+from course_lib.kernels.flash_v2 import PORTABLE_CONFIGS, _cfg, keep_config_for_head_dim
 
 
 @triton.jit
 def _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, d_ok,
-                    lo, hi, N_K, q_offset, sm_scale, softcap, slope, LEFT, RIGHT,
+                    lo, hi, N_K, q_offset, sm_scale, softcap, slope, j_lo, j_hi,
                     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                     HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr, PAD_D: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
@@ -105,12 +76,9 @@ def _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs
         k = _load_tile(k_ptrs, rows_ok, d_ok, MASKED, PAD_D)  # no mask where the band is full
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
         s = _variant_scores(qk, offs_m, offs_n, q_offset, sm_scale, softcap, slope,
-                            HAS_SOFTCAP, HAS_ALIBI)
-        valid = offs_n[None, :] < N_K
-        if MASKED:  # the band: p − left <= j <= p + right, p = i + N_K − N_Q
-            p = offs_m[:, None] + q_offset
-            valid = valid & ((LEFT < 0) | (offs_n[None, :] >= p - LEFT))
-            valid = valid & ((RIGHT < 0) | (offs_n[None, :] <= p + RIGHT))
+                            HAS_SOFTCAP, HAS_ALIBI, GPU_TANH and DOT_PRECISION != "ieee")
+        # the band (masked tiles only): p − left <= j <= p + right and j < N_K
+        valid = (offs_n[None, :] >= j_lo[:, None]) & (offs_n[None, :] <= j_hi[:, None])
         p_tile, m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc, valid,
                                                      sm_scale * 1.4426950408889634, MASKED)
         v = _load_tile(v_ptrs, rows_ok, d_ok, MASKED, PAD_D)
@@ -163,6 +131,7 @@ def _flash_fwd_variants_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
     q_offset = N_K - N_Q
     lo, full_lo, full_hi, hi = _band_bounds(start_m, N_Q, N_K, LEFT, RIGHT, BLOCK_M, BLOCK_N)
+    j_lo, j_hi = _key_limits(offs_m + q_offset, N_K, LEFT, RIGHT)
     if VARLEN:  # a block past its sequence's end (the grid covers the longest): nothing to do
         past = start_m >= N_Q
         full_lo = tl.where(past, lo, full_lo)
@@ -171,15 +140,15 @@ def _flash_fwd_variants_kernel(
     # the band's left edge (masked), the blocks every row sees (no mask), the right edge (masked)
     acc, m_i, l_i = _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
                                     offs_m, offs_d, d_ok, lo, full_lo, N_K, q_offset, sm_scale,
-                                    softcap, slope, LEFT, RIGHT, BLOCK_N, True, HAS_SOFTCAP,
+                                    softcap, slope, j_lo, j_hi, BLOCK_N, True, HAS_SOFTCAP,
                                     HAS_ALIBI, DOT_PRECISION, PAD_D)
     acc, m_i, l_i = _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
                                     offs_m, offs_d, d_ok, full_lo, full_hi, N_K, q_offset,
-                                    sm_scale, softcap, slope, LEFT, RIGHT, BLOCK_N, False,
+                                    sm_scale, softcap, slope, j_lo, j_hi, BLOCK_N, False,
                                     HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAD_D)
     acc, m_i, l_i = _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
                                     offs_m, offs_d, d_ok, full_hi, hi, N_K, q_offset, sm_scale,
-                                    softcap, slope, LEFT, RIGHT, BLOCK_N, True, HAS_SOFTCAP,
+                                    softcap, slope, j_lo, j_hi, BLOCK_N, True, HAS_SOFTCAP,
                                     HAS_ALIBI, DOT_PRECISION, PAD_D)
     if HAS_SINKS:  # one more term of the denominator, e^{sink}, with no value
         sink = tl.load(SINKS + h).to(tl.float32) * 1.4426950408889634  # the exp2 domain
@@ -198,8 +167,14 @@ def _flash_fwd_variants_kernel(
         tl.store(lse_base + offs_m, lse, mask=offs_m < N_Q)
 
 
+# 128 x 64 with 8 warps first (the config of sequences too short to autotune), then the portable
+# kernel's tiles: at B 2, H 16, N 16k, D 128, bf16 on an H100 it ran causal at 506 TFLOP/s
+# against 267 with 4 warps and 447 for 64 x 64 (fixed configs, 3 rounds in turns,
+# perf_notes.md), and the window of 1024 at 340, level with 64 x 64's 339.
+VARIANT_CONFIGS = [_cfg(128, 64, 8, 3), *PORTABLE_CONFIGS]
+
 _variants_tuned = triton.autotune(
-    configs=PORTABLE_CONFIGS,
+    configs=VARIANT_CONFIGS,
     key=["N_BUCKET", "HEAD_DIM", "LONGEST_FIRST", "HAS_SOFTCAP", "HAS_ALIBI", "HAS_SINKS",
          "DOT_PRECISION", "GROUP"],
     prune_configs_by={"early_config_prune": keep_config_for_head_dim},
@@ -220,7 +195,7 @@ def _launch(q, k, v, o, lse, sm_scale, window, softcap, alibi_slopes, sinks, cu,
             "HAS_SOFTCAP": softcap > 0, "HAS_ALIBI": alibi_slopes is not None,
             "HAS_SINKS": sinks is not None, "DOT_PRECISION": dot_precision(q.dtype),
             "STORE_LSE": lse is not None, "VARLEN": bool(cu)}
-    launch(_flash_fwd_variants_kernel, _variants_tuned, PORTABLE_CONFIGS,
+    launch(_flash_fwd_variants_kernel, _variants_tuned, VARIANT_CONFIGS,
            keep_config_for_head_dim, lambda bm: (cdiv(N_Q, bm), B * H), args, meta, args[-1])
 
 

@@ -27,6 +27,7 @@ from course_lib.kernels.attention_common import (
 from course_lib.kernels.flash_bwd import flash_attn_v2_backward
 from course_lib.kernels.flash_v2 import bound_launch, forward_portable
 from course_lib.kernels.flash_v2_hopper import forward_hopper, tma_compatible
+from course_lib.ops.variants import NO_WINDOW, check_call, flash_attn_variants
 from course_lib.validate import check_attention_inputs, check_sm_scale
 
 
@@ -82,7 +83,8 @@ def _flash_attn_v2_forward(q, k, v, causal, sm_scale, impl=None, out=None, store
     return forward(q, k, v, causal, sm_scale, out, store_lse)
 
 
-def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=None):
+def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=None, *,
+                  window_size=NO_WINDOW, softcap=0.0, alibi_slopes=None, sinks=None):
     """FlashAttention-2: softmax(sm_scale·QKᵀ [+ causal mask])·V, fused in one Triton kernel.
 
     q (B, H, N_q, D); k, v (B, H_kv, N_k, D) with H a multiple of H_kv. ``causal`` is
@@ -93,7 +95,26 @@ def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=N
     Without ``return_lse`` (and no gradient) the kernel stores no lse. Differentiable when an
     input requires grad, and traceable by ``torch.compile`` (the operator
     ``course::flash_attn_fwd``).
+
+    The variants of open models (lesson 15, ``course_lib.ops.variants``), FlashAttention's
+    keywords: ``window_size=(left, right)``, query i at key position p = i + N_k − N_q sees keys
+    p − left <= j <= p + right (−1: unbounded; ``causal`` is right = 0); ``softcap`` c > 0,
+    s = c·tanh(s / c) on the scaled scores; ``alibi_slopes`` (H,) or (B, H) fp32 adds
+    −slope·|p − j|; ``sinks`` (H,) fp32, a learnable per-head logit in the softmax's denominator
+    with no value (its gradient too). A call with any of them runs the variants' kernels
+    (``impl`` None or "portable"); a row that sees no key gets O = 0 and lse = −inf (the sink).
     """
+    if window_size is not NO_WINDOW or softcap or alibi_slopes is not None or sinks is not None:
+        sm_scale, window, softcap = check_call(q, k, v, causal, sm_scale, window_size, softcap,
+                                               alibi_slopes, sinks)
+        dense = softcap == 0 and alibi_slopes is None and sinks is None
+        if not (dense and window in (NO_WINDOW, (-1, 0))):
+            if impl not in (None, "portable"):
+                raise ValueError(f"impl must be None or 'portable' with window_size, softcap, "
+                                 f"alibi_slopes or sinks (the variants' kernel), got {impl!r}")
+            return flash_attn_variants(q, k, v, sm_scale, window, softcap, alibi_slopes, sinks,
+                                       return_lse)
+        causal = window == (-1, 0)  # plain (causal) attention spelt as a window: the dense path
     checked_key = None
     if _REMEMBER and not torch.compiler.is_compiling() and not return_lse:
         try:

@@ -8,15 +8,20 @@ Three ways to call the same kernels (the split kernel, which also merges the spl
 called eagerly, and the merge kernel used inside CUDA-graph captures: ``kernels.decode.MERGES``):
 
 * ``flash_decode(q, k_cache, v_cache, cache_seqlens)`` and ``paged_decode(...)``: the functions
-  (the names and arguments of FlashAttention's ``flash_attn_with_kvcache``). The checks they
-  make by default read only shapes, dtypes and devices, never a tensor's values, so a call
-  makes no device→host synchronisation. A length outside the cache or a block id outside the
-  pool cannot make the kernel read outside memory (it clamps them); ``validate=True`` checks
-  them and raises a ``ValueError`` that names the argument, at the cost of a synchronisation.
+  (the names and arguments of FlashAttention's ``flash_attn_with_kvcache``, its variants'
+  keywords included: ``window_size``, ``softcap``, ``alibi_slopes``, and GPT-OSS's ``sinks``,
+  notebooks/15_attention_variants.ipynb; the decode is causal, so the window's right is 0).
+  The checks they make by default read only shapes, dtypes and devices, never a tensor's
+  values, so a call makes no device→host synchronisation. A length outside the cache or a
+  block id outside the pool cannot make the kernel read outside memory (it clamps them);
+  ``validate=True`` checks them and raises a ``ValueError`` that names the argument, at the
+  cost of a synchronisation.
   Called eagerly, the split buffers (and the lse, unless it is returned) are kept per shape and
-  stream and reused; the output is new each call. A call with default arguments shaped like an
-  earlier one (shapes, strides, dtypes, devices, scale) repeats that call's checked, bound launch
-  (``_Repeat``): a model's layers, after the first of a step, make such calls.
+  stream and reused; the output is new each call. A call with the default ``num_splits``,
+  ``config``, ``validate`` and ``return_lse``, shaped like an earlier one (shapes, strides,
+  dtypes, devices, scale; the variants' values, their tensors' layouts and addresses), repeats
+  that call's checked, bound launch (``_Repeat``): a model's layers, after the first of a step,
+  make such calls.
 * ``torch.ops.course.flash_decode`` and ``torch.ops.course.paged_decode``: the same, as
   ``torch.library`` custom operators with fake implementations. The functions go through them
   when ``torch.compile`` traces, so a compiled decode step keeps the kernels in its graph (and
@@ -26,7 +31,8 @@ called eagerly, and the merge kernel used inside CUDA-graph captures: ``kernels.
   checks the inputs once and fixes the split count, the launch config and every buffer; ``run``
   only launches into the plan's buffers, which is what a CUDA graph captures. From the second
   step on, a step with the same cache tensors repeats the launches bound by the first
-  (``course_lib._launch.bind``): one call into Triton's C launcher per kernel.
+  (``course_lib._launch.bind``): one call into Triton's C launcher per kernel. The variants are
+  the plan's: ``plan_decode(..., window_size=, softcap=, alibi_slopes=, sinks=)``.
 """
 from __future__ import annotations
 
@@ -43,6 +49,7 @@ from course_lib.validate import (
     check_int_vector,
     check_sm_scale,
     check_tensor,
+    check_variants,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -140,6 +147,42 @@ def _int32(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.int32 and t.stride(-1) == 1 else t.to(torch.int32).contiguous()
 
 
+# The variants' defaults: a call that passes these very objects is plain attention, known as such
+# without a check (the repeated calls of ``flash_decode``).
+FULL_WINDOW, NO_CAP = (-1, -1), 0.0
+_PLAIN = ((-1, 0), 0.0, None, None)  # (window, softcap, alibi_slopes, sinks) of plain attention
+
+
+def _variants(q, window_size, softcap, alibi_slopes, sinks):
+    """The variants of a decode call, checked (``validate.check_variants``, causal: the window's
+    right is 0): (window, softcap, alibi_slopes, sinks), the tensors contiguous, or None for plain
+    attention (every keyword at its default, or one that changes nothing)."""
+    if window_size is FULL_WINDOW and softcap is NO_CAP and alibi_slopes is None and sinks is None:
+        return None  # the defaults themselves: nothing to check (a plain call's host time)
+    window, softcap = check_variants(q, True, window_size, softcap, alibi_slopes, sinks)
+    if window[0] < 0 and softcap == 0.0 and alibi_slopes is None and sinks is None:
+        return None
+    return (window, softcap, *(None if t is None else t.contiguous()
+                               for t in (alibi_slopes, sinks)))
+
+
+def _variants_key(window_size, softcap, alibi_slopes, sinks):
+    """What the variants' checks and launch read of their arguments (None at the defaults):
+    values with their types, as ``call_key`` keeps the scale's; the tensors' layouts and addresses.
+    TypeError or AttributeError for what is no pair or tensor."""
+    if window_size is FULL_WINDOW and softcap is NO_CAP and alibi_slopes is None and sinks is None:
+        return None
+    return (type(window_size), *((type(w), w) for w in window_size), type(softcap), softcap,
+            *(None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device())
+              for t in (alibi_slopes, sinks)))
+
+
+def _op_variants(variants) -> tuple:
+    """The operators' variant arguments: (window_left, softcap, alibi_slopes, sinks)."""
+    window, softcap, alibi_slopes, sinks = variants or _PLAIN
+    return window[0], softcap, alibi_slopes, sinks
+
+
 # ---------------------------------------------------------------------------------------------
 # the shared launch path: the split buffers reused per shape and stream, a new output per call
 # ---------------------------------------------------------------------------------------------
@@ -183,8 +226,8 @@ def _keep_plan(key, plan) -> None:
 
 
 def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_splits,
-            sm_scale, cfg, paged, reuse=True, need_lse=True, repeat_key=None):
-    """Launch on checked inputs; returns a new (out, lse).
+            sm_scale, cfg, paged, reuse=True, need_lse=True, repeat_key=None, variants=None):
+    """Launch on checked inputs; returns a new (out, lse). ``variants``: ``_variants``'s.
 
     ``repeat_key`` (an eager ``flash_decode`` with default arguments, ``_repeat_key``): a
     launch that ends bound is kept under that key for the calls shaped like this one
@@ -200,6 +243,8 @@ def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_spl
     call."""
     B, H, N_q, D = q.shape
     H_kv = k.shape[2] if paged else k.shape[1]
+    window, softcap, alibi, sinks = variants or _PLAIN
+    tensors = kd.variant_tensors(alibi, sinks)
 
     # A cache that grows by a token per step (transformers' DynamicCache) keeps its plan for a
     # while: one plan serves a range of lengths (at most 1/8 longer than the cache), and the
@@ -210,14 +255,15 @@ def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_spl
     dev = q.get_device()  # (an int: cheaper than q.device in a key)
     stream = _stream_id(dev)
     key = (B, H, H_kv, N_q, D, n_plan, paged, page_size, num_blocks, num_splits,
-           None if cfg is None else tuple(sorted(cfg.items())), dev, stream, reuse)
+           None if cfg is None else tuple(sorted(cfg.items())), dev, stream, reuse,
+           variants and (window, softcap, None if alibi is None else alibi.ndim, sinks is None))
     plan, once = _PLANS.get(key), False
     if plan is None:
         # a plan made for one call knows whether it is being captured (no counters to zero)
         merge = "auto" if reuse else "kernel" if _capturing(stream) else "fused"
         plan = kd.make_plan(B, H, H_kv, N_q, D, n_plan, q.device, num_splits=num_splits,
                             config=cfg, paged=paged, page_size=page_size, num_blocks=num_blocks,
-                            merge=merge)
+                            merge=merge, window=window, softcap=softcap)
         once = not reuse and plan.num_splits > 1  # an operator's plan with buffers: this call's
         if not once:
             _keep_plan(key, plan)
@@ -229,13 +275,15 @@ def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_spl
         if scratch:
             plan.lse_scratch = lse
     if once:
-        kd.run_plan(plan, q, k, v, seqlens, block_table, sm_scale, out, lse, n_max=n_max)
+        kd.run_plan(plan, q, k, v, seqlens, block_table, sm_scale, out, lse, n_max=n_max,
+                    alibi_slopes=alibi, sinks=sinks)
         return out, lse
     # The launch bound by the last call with this plan is repeated when everything but the
     # addresses, the cache's strides and its length is as it was, and those have the
     # specialization classes they had (what the compiled kernel depends on): dtype, scale,
-    # q's strides, every address 16-byte aligned, no profiler hooks, no capture.
-    geometry = (*kd.cache_geometry(paged, k, v), n_max)
+    # q's strides, every address 16-byte aligned, no profiler hooks, no capture. The addresses of
+    # the ALiBi slopes and sinks, where given, are free too: they follow the geometry.
+    geometry = (*kd.cache_geometry(paged, k, v), n_max, *(t.data_ptr() for t in tensors))
     sig = (q.dtype, sm_scale, q.stride(), seqlens is None,
            None if block_table is None else block_table.stride(0), int_classes(geometry))
     bound = plan.bound
@@ -250,7 +298,7 @@ def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_spl
     else:
         bind = not _capturing(stream)
         launches = kd.run_plan(plan, q, k, v, seqlens, block_table, sm_scale, out, lse,
-                               bind=bind, n_max=n_max)
+                               bind=bind, n_max=n_max, alibi_slopes=alibi, sinks=sinks)
         if not (bind and launches is not None and len(launches) == 1):
             return out, lse
         plan.bound = (sig, launches[0])
@@ -273,11 +321,12 @@ _MAX_REPEATS = 64
 _PLAIN_EMPTY = kd._empty
 
 
-def _repeat_key(q, k, v, lens, sm_scale) -> tuple:
-    """What the checks and the plan of a call depend on (``call_key`` and the lengths' layout).
-    AttributeError for a non-tensor."""
+def _repeat_key(q, k, v, lens, sm_scale, variants_key=None) -> tuple:
+    """What the checks and the plan of a call depend on (``call_key``, the lengths' layout and
+    ``_variants_key``). AttributeError for a non-tensor."""
     return (call_key(q, k, v, sm_scale),
-            None if lens is None else (lens.shape, lens.stride(), lens.dtype, lens.get_device()))
+            None if lens is None else (lens.shape, lens.stride(), lens.dtype, lens.get_device()),
+            variants_key)
 
 
 class _Repeat:
@@ -333,7 +382,8 @@ def _config_dict(config: list[int]):
 # ---------------------------------------------------------------------------------------------
 
 def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm_scale=None,
-                 return_lse=False, config=None, validate=False):
+                 return_lse=False, config=None, validate=False, window_size=FULL_WINDOW,
+                 softcap=NO_CAP, alibi_slopes=None, sinks=None):
     """Flash-Decoding: attention of a few query tokens to a KV cache, split over the keys.
 
     q (B, H, N_q, D); k_cache, v_cache (B, H_kv, N_max, D) with H a multiple of H_kv (GQA);
@@ -341,6 +391,15 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm
     N_q > 1 the queries are causal among themselves, bottom-right aligned: query i sees keys
     j <= L_b − N_q + i. Returns o (B, H, N_q, D) in q's dtype, and with ``return_lse`` also the
     natural-log log-sum-exp (B, H, N_q) fp32 (−inf for a row that sees no key; its o is 0).
+
+    The variants, as FlashAttention's (lesson 15; ``course_lib.masks``), query i sitting at key
+    position p = L_b − N_q + i: ``window_size=(left, right)`` lets it see keys p − left <= j
+    (−1: unbounded), and the splits then read only those keys (about left + N_q per sequence,
+    not L_b); the decode is causal, so ``right`` is 0 whatever is given (FlashAttention's
+    ``causal=True``). ``softcap`` c > 0: scores s = c·tanh(s / c), s taken after ``sm_scale``.
+    ``alibi_slopes`` (H,) or (B, H) fp32: s −= slope·|p − j|. ``sinks`` (H,) fp32: a logit per
+    head in the softmax's denominator with no value, o = Σ e^s v / (e^sink + Σ e^s); the lse
+    includes it, and a row that sees no key gets o = 0 and lse = sink.
 
     num_splits: key splits per sequence (None: chosen from the SM count and the work);
     config: override of dict(BLOCK_N, num_warps, num_stages); validate=True also checks that
@@ -351,11 +410,12 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm
     if (not torch.compiler.is_compiling() and num_splits is None and config is None
             and not validate and not return_lse):
         try:
-            repeat_key = _repeat_key(q, k_cache, v_cache, cache_seqlens, sm_scale)
-        except AttributeError:  # not a tensor: the checks below name the argument
-            pass
-        else:
+            repeat_key = _repeat_key(q, k_cache, v_cache, cache_seqlens, sm_scale,
+                                     _variants_key(window_size, softcap, alibi_slopes, sinks))
             repeat = _REPEATS.get(repeat_key)
+        except (AttributeError, TypeError):  # not a tensor or a pair: the checks name it
+            repeat_key = None
+        else:
             if repeat is not None:
                 o = repeat(q, k_cache, v_cache, cache_seqlens)
                 if o is not None:
@@ -364,6 +424,9 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm
     _check_num_splits(num_splits)
     sm_scale = check_sm_scale(sm_scale, D)
     cfg = _check_config(config, D)
+    variants = _variants(q, window_size, softcap, alibi_slopes, sinks)
+    if variants is not None and (variants[2] is not alibi_slopes or variants[3] is not sinks):
+        repeat_key = None  # made contiguous: a call like this one copies them again
     if cache_seqlens is not None:
         if validate:
             _refuse_validate_when_compiling()
@@ -373,22 +436,26 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm
             repeat_key, cache_seqlens = None, lens
     if torch.compiler.is_compiling():
         o, lse = torch.ops.course.flash_decode(q, k_cache, v_cache, cache_seqlens,
-                                               num_splits or 0, sm_scale, _config_list(cfg))
+                                               num_splits or 0, sm_scale, _config_list(cfg),
+                                               *_op_variants(variants))
     else:
         o, lse = _decode(q, k_cache, v_cache, cache_seqlens, None, N_max, 1, 1, num_splits,
-                         sm_scale, cfg, paged=False, need_lse=return_lse, repeat_key=repeat_key)
+                         sm_scale, cfg, paged=False, need_lse=return_lse, repeat_key=repeat_key,
+                         variants=variants)
     return (o, lse) if return_lse else o
 
 
 def paged_decode(q, k_pages, v_pages, block_table, cache_seqlens, num_splits=None, *,
-                 sm_scale=None, return_lse=False, config=None, validate=False):
+                 sm_scale=None, return_lse=False, config=None, validate=False,
+                 window_size=FULL_WINDOW, softcap=NO_CAP, alibi_slopes=None, sinks=None):
     """PagedAttention decode: like ``flash_decode``, with K/V stored in fixed-size pages.
 
     q (B, H, N_q, D); k_pages, v_pages (num_blocks, block_size, H_kv, D), the layout of vLLM and
     of ``flash_attn_with_kvcache`` (block_size 16 by default in ``course_lib.kvcache``);
     block_table (B, max_blocks) int32 maps sequence b's logical block j (keys j·block_size …)
     to a physical block; cache_seqlens (B,) int32. Entries past a sequence's last block are
-    ignored. Returns what ``flash_decode`` returns on the same logical data.
+    ignored. Returns what ``flash_decode`` returns on the same logical data, with the same
+    variants' keywords (a window reads only the pages that hold its keys).
 
     validate=True raises a ValueError when a length does not fit in max_blocks·block_size or a
     block id in use lies outside [0, num_blocks) (it reads both back: a synchronisation).
@@ -400,6 +467,7 @@ def paged_decode(q, k_pages, v_pages, block_table, cache_seqlens, num_splits=Non
     _check_num_splits(num_splits)
     sm_scale = check_sm_scale(sm_scale, D)
     cfg = _check_config(config, D)
+    variants = _variants(q, window_size, softcap, alibi_slopes, sinks)
     capacity = max_blocks * block_size
     if validate:
         _refuse_validate_when_compiling()
@@ -407,10 +475,12 @@ def paged_decode(q, k_pages, v_pages, block_table, cache_seqlens, num_splits=Non
     block_table, cache_seqlens = _int32(block_table), _int32(cache_seqlens)
     if torch.compiler.is_compiling():
         o, lse = torch.ops.course.paged_decode(q, k_pages, v_pages, block_table, cache_seqlens,
-                                               num_splits or 0, sm_scale, _config_list(cfg))
+                                               num_splits or 0, sm_scale, _config_list(cfg),
+                                               *_op_variants(variants))
     else:
         o, lse = _decode(q, k_pages, v_pages, cache_seqlens, block_table, capacity, block_size,
-                         num_blocks, num_splits, sm_scale, cfg, paged=True, need_lse=return_lse)
+                         num_blocks, num_splits, sm_scale, cfg, paged=True, need_lse=return_lse,
+                         variants=variants)
     return (o, lse) if return_lse else o
 
 
@@ -428,26 +498,39 @@ def _refuse_validate_when_compiling():
 # torch.library.Library, not the ``custom_op`` decorator, as in course_lib.ops.attention (why
 # there); every call returns fresh tensors (``reuse=False``).
 _LIB = torch.library.Library("course", "FRAGMENT")
+# The variants (the decode is causal: a window is its left side alone, -1 for none).
+_VARIANTS = ("int window_left=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
+             "Tensor? sinks=None")
 _LIB.define("flash_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, "
-            "int num_splits, float sm_scale, int[] config) -> (Tensor, Tensor)")
+            f"int num_splits, float sm_scale, int[] config, {_VARIANTS}) -> (Tensor, Tensor)")
 _LIB.define("paged_decode(Tensor q, Tensor k_pages, Tensor v_pages, Tensor block_table, "
-            "Tensor cache_seqlens, int num_splits, float sm_scale, int[] config) "
-            "-> (Tensor, Tensor)")
+            "Tensor cache_seqlens, int num_splits, float sm_scale, int[] config, "
+            f"{_VARIANTS}) -> (Tensor, Tensor)")
 
 
-def _flash_decode_op(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale, config):
+def _op_variants_of(window_left, softcap, alibi_slopes, sinks):
+    """``_variants``'s tuple from the operators' arguments (checked by the functions)."""
+    if window_left < 0 and softcap == 0.0 and alibi_slopes is None and sinks is None:
+        return None
+    return (window_left, 0), softcap, alibi_slopes, sinks
+
+
+def _flash_decode_op(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale, config,
+                     window_left=-1, softcap=0.0, alibi_slopes=None, sinks=None):
     """(o, lse) of ``flash_decode`` on checked inputs; num_splits 0: chosen; config [] default."""
     return _decode(q, k_cache, v_cache, cache_seqlens, None, k_cache.shape[2], 1, 1,
-                   num_splits or None, sm_scale, _config_dict(config), paged=False, reuse=False)
+                   num_splits or None, sm_scale, _config_dict(config), paged=False, reuse=False,
+                   variants=_op_variants_of(window_left, softcap, alibi_slopes, sinks))
 
 
 def _paged_decode_op(q, k_pages, v_pages, block_table, cache_seqlens, num_splits, sm_scale,
-                     config):
+                     config, window_left=-1, softcap=0.0, alibi_slopes=None, sinks=None):
     """(o, lse) of ``paged_decode`` on checked inputs."""
     num_blocks, block_size = k_pages.shape[:2]
     return _decode(q, k_pages, v_pages, cache_seqlens, block_table,
                    block_table.shape[1] * block_size, block_size, num_blocks,
-                   num_splits or None, sm_scale, _config_dict(config), paged=True, reuse=False)
+                   num_splits or None, sm_scale, _config_dict(config), paged=True, reuse=False,
+                   variants=_op_variants_of(window_left, softcap, alibi_slopes, sinks))
 
 
 def _fake_outputs(q, *_):
@@ -476,7 +559,8 @@ class DecodePlan:
     """
 
     def __init__(self, q, k_cache, v_cache, *, block_table=None, num_splits=None,
-                 sm_scale=None, config=None, merge="auto"):
+                 sm_scale=None, config=None, merge="auto", window_size=FULL_WINDOW,
+                 softcap=NO_CAP, alibi_slopes=None, sinks=None):
         self.paged = block_table is not None
         if self.paged:
             B, H, H_kv, N_q, D, num_blocks, page_size, max_blocks = _check_pages(
@@ -488,16 +572,21 @@ class DecodePlan:
         _check_num_splits(num_splits)
         self.sm_scale = check_sm_scale(sm_scale, D)
         cfg = _check_config(config, D)
+        window, softcap, self._alibi, self._sinks = (
+            _variants(q, window_size, softcap, alibi_slopes, sinks) or _PLAIN)
         self._q_shape, self._kv_shape = tuple(q.shape), tuple(k_cache.shape)
         self.dtype, self.device = q.dtype, q.device
         self.plan = kd.make_plan(B, H, H_kv, N_q, D, n_max, q.device, num_splits=num_splits,
                                  config=cfg, paged=self.paged, page_size=page_size,
-                                 num_blocks=num_blocks, merge=merge)
+                                 num_blocks=num_blocks, merge=merge, window=window,
+                                 softcap=softcap)
         self.num_splits = self.plan.num_splits
         self.out = empty_output(q, kd._empty)
         self.lse = kd._empty((B, H, N_q), device=q.device, dtype=torch.float32)
         self._q_stride, self._device_index = tuple(q.stride()), q.get_device()
         self._out_ptrs = (self.out.data_ptr(), self.lse.data_ptr())
+        self._variant_ptrs = tuple(t.data_ptr()
+                                   for t in kd.variant_tensors(self._alibi, self._sinks))
         self._bound = None  # the launches of the last step, bound (``run``)
 
     def run(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, return_lse=False):
@@ -532,32 +621,39 @@ class DecodePlan:
         else:
             bind = not _capturing(stream)
             launches = kd.run_plan(self.plan, q, k_cache, v_cache, cache_seqlens, block_table,
-                                   self.sm_scale, self.out, self.lse, bind=bind)
+                                   self.sm_scale, self.out, self.lse, bind=bind,
+                                   alibi_slopes=self._alibi, sinks=self._sinks)
             # (k_cache, v_cache, cache_seqlens, block_table, the split kernel's launch, the
-            # merge kernel's, the split launch's fixed tail: O, lse, the caches' geometry)
+            # merge kernel's, the split launch's fixed tail: O, lse, the caches' geometry, the
+            # variants' tensors)
             self._bound = (None if not bind or launches is None else
                            (k_cache, v_cache, cache_seqlens, block_table, launches[0],
                             tuple(launches[1:]),
                             (*self._out_ptrs, *kd.cache_geometry(self.paged, k_cache, v_cache),
-                             self.plan.n_max)))
+                             self.plan.n_max, *self._variant_ptrs)))
         return (self.out, self.lse) if return_lse else self.out
 
 
 def plan_decode(q, k_cache, v_cache, *, block_table=None, num_splits=None, sm_scale=None,
-                config=None, merge="auto") -> DecodePlan:
+                config=None, merge="auto", window_size=FULL_WINDOW, softcap=NO_CAP,
+                alibi_slopes=None, sinks=None) -> DecodePlan:
     """Plan decode steps shaped like these tensors (see ``DecodePlan``).
 
     The arguments are those of ``flash_decode`` (or, with ``block_table``, of ``paged_decode``,
     k_cache and v_cache then being the pages); only their shapes, dtypes and device are used.
     ``merge`` ("auto", "fused" or "kernel"): how the splits are merged
-    (``course_lib.kernels.decode.MERGES``).
+    (``course_lib.kernels.decode.MERGES``). The variants (``flash_decode``'s keywords) are fixed
+    by the plan: a window sets the split count for the keys it reads, and the plan holds the
+    ALiBi slopes and sinks it was given (contiguous ones as they are, read at every step; a
+    strided one is copied once), so layers that differ in them need plans of their own.
 
         plan = plan_decode(q, k_cache, v_cache)        # once per batch shape
         for step in range(n_steps):                      # then every step: only launches
             o = plan.run(q, k_cache, v_cache, cache_seqlens)
     """
     return DecodePlan(q, k_cache, v_cache, block_table=block_table, num_splits=num_splits,
-                      sm_scale=sm_scale, config=config, merge=merge)
+                      sm_scale=sm_scale, config=config, merge=merge, window_size=window_size,
+                      softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks)
 
 
 __all__ = ["DecodePlan", "check_cache_seqlens", "flash_decode", "paged_decode", "plan_decode"]

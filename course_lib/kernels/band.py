@@ -1,0 +1,81 @@
+"""The rules of attention's variants in Triton: which key blocks a program visits, and the
+change to the scores. The jit twins of ``course_lib.masks``, shared by the variants' forward
+(``flash_variants.py``), their backward (``flash_variants_bwd.py``) and the decode
+(``decode.py``), so that none of them imports another's ``@triton.jit`` code.
+
+Introduced in notebooks/15_attention_variants.ipynb.
+
+* ``_band_bounds``: the key blocks of a block of query rows, skipped / masked / unmasked
+  (``masks.block_key_range``; a test holds the two together);
+* ``_key_limits``: the keys each query row sees as two bounds, j_lo <= j <= j_hi
+  (``masks.key_bounds``), for the masked tiles;
+* ``_tanh``, ``_variant_scores``: softcap and ALiBi on a tile of raw scores, in q·k's units.
+
+Speed: not benchmarked on its own; the kernels that use it state theirs.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from course_lib._device import INTERPRET
+
+
+@triton.jit
+def _band_bounds(start_m, N_Q, N_K, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The key blocks of the query rows [start_m, start_m + BLOCK_M): (lo, full_lo, full_hi, hi),
+    multiples of BLOCK_N except ``hi``. [lo, full_lo) and [full_hi, hi) run masked, [full_lo,
+    full_hi) unmasked; nothing outside [lo, hi) is loaded (``masks.block_key_range``)."""
+    offset = N_K - N_Q
+    first = start_m + offset  # key position of the block's first row
+    last = tl.minimum(start_m + BLOCK_M, N_Q) - 1 + offset  # ... and of its last real row
+    lo = tl.where(LEFT >= 0, tl.maximum(first - LEFT, 0), 0)
+    hi = tl.where(RIGHT >= 0, tl.minimum(last + RIGHT + 1, N_K), N_K)
+    full_lo = tl.where(LEFT >= 0, tl.maximum(last - LEFT, 0), 0)  # keys every row sees
+    full_hi = tl.where(RIGHT >= 0, tl.minimum(first + RIGHT + 1, N_K), N_K)
+    lo = (lo // BLOCK_N) * BLOCK_N
+    hi = tl.maximum(hi, lo)  # a block whose rows see no key: every loop empty
+    full_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_N) * BLOCK_N, lo), hi)
+    full_hi = tl.maximum(tl.minimum((full_hi // BLOCK_N) * BLOCK_N, hi), full_lo)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def _key_limits(p, N_K, LEFT, RIGHT):
+    """The keys the queries at key positions ``p`` (a vector) see: j_lo <= j <= j_hi, the window
+    and the end of the keys folded into two bounds per row, so that a masked tile costs two
+    compares per score (``masks.key_bounds``)."""
+    j_lo = tl.where(LEFT >= 0, p - LEFT, 0)
+    j_hi = tl.where(RIGHT >= 0, tl.minimum(p + RIGHT, N_K - 1), N_K - 1)
+    return j_lo, j_hi
+
+
+# On a GPU, tanh is one instruction (PTX ``tanh.approx.f32``, sm_75 and later, relative error
+# about 2^-11): used for fp16 and bf16 inputs, whose scores carry larger rounding anyway. fp32
+# inputs, and the interpreter (which runs no PTX), take it from one exp2.
+GPU_TANH = tl.constexpr(not INTERPRET)
+
+
+@triton.jit
+def _tanh(x, FAST: tl.constexpr = False):
+    """tanh(x): with FAST (a GPU only) ``tanh.approx.f32``, else 1 − 2 / (e^{2x} + 1)."""
+    if FAST:
+        return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)  # 2·log2(e)
+
+
+@triton.jit
+def _variant_scores(qk, offs_m, offs_n, q_offset, sm_scale, softcap, slope,
+                    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+                    FAST_TANH: tl.constexpr = False):
+    """Raw q·k of a tile -> capped and ALiBi-biased, still in q·k's units (the softmax scales
+    them by sm_scale·log2 e): c·tanh(sm_scale·qk / c) / sm_scale − (slope / sm_scale)·|p − j|."""
+    s = qk
+    if HAS_SOFTCAP:
+        s = (softcap / sm_scale) * _tanh(qk * (sm_scale / softcap), FAST_TANH)
+    if HAS_ALIBI:
+        dist = tl.abs(offs_m[:, None] + q_offset - offs_n[None, :]).to(tl.float32)
+        s = s - (slope / sm_scale) * dist
+    return s

@@ -1,0 +1,417 @@
+"""FlashAttention-2 backward for the attention of open models: window, softcap, ALiBi, sinks.
+
+For notebooks/15_attention_variants.ipynb (issue 21). It is lesson 10's backward
+(``flash_bwd.py``: a dK/dV kernel where a key block stays on chip and query blocks stream past,
+then a dQ kernel where a query block stays and key blocks stream past) with the forward's two
+changes (``flash_variants.py``):
+
+1. **Which blocks a program visits.** The dQ program of a query block visits the key blocks
+   ``_band_bounds`` names, as the forward does. The dK/dV program of a key block needs the
+   transpose: the query rows that see any of its keys, and those that see all of them
+   (``_band_rows``, the jit twin of ``course_lib.masks.block_row_range``). Rows outside are never
+   loaded; rows that see every key of the block run with no mask.
+2. **The scores' derivative.** P is recomputed from the forward's lse exactly as the forward
+   made it (``_bwd_scores``), and dS = P ∘ (dP − delta), delta_i = dO_i · O_i, is the gradient of
+   the loss with respect to the final score s = c·tanh(sm_scale·q·k / c) − slope·|p − j|. Then
+
+       softcap:  ∂s/∂(sm_scale·q·k) = 1 − tanh²(sm_scale·q·k / c)   (dS is multiplied by it)
+       ALiBi:    the bias does not depend on q or k: dS is unchanged
+       sinks:    d sink_h = −Σ_i P_i,sink · delta_i, P_i,sink = e^{sink_h − lse_i}
+
+   The sink has no value, so dP has no sink column and delta is still rowsum(dO ∘ O). Its
+   gradient is a sum over the rows of (B, H, N_q) numbers the preprocess already made (lse and
+   delta): a reduction in PyTorch after the kernels, with no extra pass over Q, K or V.
+
+Packed sequences (``VARLEN``): Q, O, dO are (1, H, total_q, D) and K, V (1, H_kv, total_k, D),
+each head's rows one after another; a program reads its sequence's offsets from ``cu_seqlens``
+and a block past its sequence's end does nothing. GQA, padded head dims, the configs and the
+splits of a GQA group over several dK/dV programs are lesson 10's (``flash_bwd``).
+``course_lib.reference.attention_variants`` (autograd) is the ground truth.
+
+Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-27 (B 2, H 16, N 16k,
+D 128, bf16; only the backward timed: ``torch.autograd.grad`` of a forward made once, for every
+provider; ``do_bench`` median of 7 rounds in turns; TFLOP/s on the visited area, 2.5 × 4·B·H·D
+per (query, key) pair a row sees; ``python -m course_lib.bench variants --backward``,
+course_lib/data/variants_bwd.json): causal 328 TFLOP/s (FlexAttention 378); window 1024 251
+TFLOP/s (FlexAttention 284); causal with softcap 312 TFLOP/s (FlexAttention 202); causal with
+ALiBi 343 TFLOP/s (FlexAttention 383); causal with sinks 338; the dense backward (flash_bwd)
+causal 354. Packed sequences (``--varlen``, course_lib/data/variants_varlen.json, forward and
+backward): 64 causal sequences of random lengths 1 to 4096 (mean 2191): forward 340 TFLOP/s
+against the dense kernel's 346 at the mean length, backward 193 against 281. The story:
+course_lib/data/perf_notes.md.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from course_lib._device import INTERPRET, refuse_bf16_in_interpreter
+from course_lib.kernels.attention_common import (
+    AUTOTUNE_MIN_N,
+    _bwd_preprocess_kernel,
+    _load_tile,
+    _q_block_program,
+    _tile_mask,
+    dot_precision,
+    interpreter_errstate,
+)
+from course_lib.kernels.band import GPU_TANH, _band_bounds, _key_limits, _tanh
+from course_lib.kernels.flash_bwd import (
+    DKDV_CONFIGS,
+    DQ_CONFIGS,
+    BwdConfig,
+    choose_splits,
+    default_config,
+    keep_bwd_config_for_head_dim,
+)
+
+
+@triton.jit
+def _band_rows(start_n, N_Q, N_K, LEFT, RIGHT, BLOCK_N: tl.constexpr, MASK_BLOCK_M: tl.constexpr,
+               BLOCK_M: tl.constexpr):
+    """The query rows of the key block [start_n, start_n + BLOCK_N): (lo, full_lo, full_hi, hi).
+    Rows [lo, full_lo) and [full_hi, hi) run masked in MASK_BLOCK_M steps, [full_lo, full_hi)
+    unmasked in BLOCK_M steps; no other row sees a key of the block. Query i sits at key
+    position p = i + N_K − N_Q and sees key j when j − right <= p <= j + left."""
+    offset = N_K - N_Q
+    last = tl.minimum(start_n + BLOCK_N, N_K) - 1  # the block's last real key
+    lo = tl.where(RIGHT >= 0, tl.maximum(start_n - RIGHT - offset, 0), 0)
+    hi = tl.where(LEFT >= 0, tl.minimum(last + LEFT - offset + 1, N_Q), N_Q)
+    full_lo = tl.where(RIGHT >= 0, tl.maximum(last - RIGHT - offset, 0), 0)  # sees every key
+    full_hi = tl.where(LEFT >= 0, tl.minimum(start_n + LEFT - offset + 1, N_Q), N_Q)
+    full_hi = tl.where(start_n + BLOCK_N > N_K, full_lo, full_hi)  # a ragged block: all masked
+    lo = (lo // MASK_BLOCK_M) * MASK_BLOCK_M
+    hi = tl.where(start_n < N_K, tl.maximum(hi, lo), lo)  # no key here (varlen): no row
+    full_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo, MASK_BLOCK_M) * MASK_BLOCK_M, lo), hi)
+    full_hi = full_lo + tl.maximum(tl.minimum(full_hi, hi) - full_lo, 0) // BLOCK_M * BLOCK_M
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def _bwd_scores(qk, pos_a, pos_b, sm_scale, softcap, slope, HAS_SOFTCAP: tl.constexpr,
+                HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr):
+    """The forward's scores (in q·k's units, ``flash_variants._variant_scores``) and the factor
+    ∂s/∂(sm_scale·q·k) that dS is multiplied by: 1 − tanh² with a softcap, else 1 (unused).
+    ``pos_a`` and ``pos_b`` are the key positions along the tile's rows and columns (queries'
+    p = i + N_K − N_Q, keys' j; either way round, for S or Sᵀ): ALiBi's |p − j|."""
+    s = qk
+    dcap = qk
+    if HAS_SOFTCAP:
+        t = _tanh(qk * (sm_scale / softcap), FAST_TANH)
+        s = (softcap / sm_scale) * t
+        dcap = 1.0 - t * t
+    if HAS_ALIBI:
+        s = s - (slope / sm_scale) * tl.abs(pos_a[:, None] - pos_b[None, :]).to(tl.float32)
+    return s, dcap
+
+
+@triton.jit
+def _dkdv_rows(dk, dv, k, v, Q, DO, LSE2, Delta, offs_n, lo, hi, N_Q, N_K, q_offset, sm_scale,
+               softcap, slope, LEFT, RIGHT, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+               MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+               DOT_PRECISION: tl.constexpr):
+    """dK (in units of sm_scale) and dV of one key block over the query rows [lo, hi) of one
+    head; Q, DO, LSE2, Delta point at the head's (sequence's) first row. Computed transposed
+    (Sᵀ, Pᵀ, dPᵀ, dSᵀ: keys along the rows), as lesson 10's kernel, so no tile is transposed."""
+    HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    dT_ok, d_ok = offs_d[:, None] < HEAD_DIM, offs_d[None, :] < HEAD_DIM
+    qk_scale = sm_scale * 1.4426950408889634
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        in_m = offs_m < N_Q
+        qT = _load_tile(Q + offs_m[None, :] * HEAD_DIM + offs_d[:, None], in_m[None, :], dT_ok,
+                        MASKED, PAD_D)  # (HEAD_DIM_PAD, BLOCK_M)
+        if MASKED:
+            lse2 = tl.load(LSE2 + offs_m, mask=in_m, other=float("inf"))
+        else:
+            lse2 = tl.load(LSE2 + offs_m)
+        qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M) = K Qᵀ
+        sT, dcapT = _bwd_scores(qkT, offs_n, offs_m + q_offset, sm_scale, softcap, slope,
+                                HAS_SOFTCAP, HAS_ALIBI, GPU_TANH and DOT_PRECISION != "ieee")
+        pT = tl.math.exp2(sT * qk_scale - lse2[None, :])  # Pᵀ, recomputed from the lse
+        if MASKED:  # the band, p − left <= j <= p + right and j < N_K, for each column
+            j_lo, j_hi = _key_limits(offs_m + q_offset, N_K, LEFT, RIGHT)
+            pT = tl.where((offs_n[:, None] >= j_lo[None, :]) & (offs_n[:, None] <= j_hi[None, :]),
+                          pT, 0.0)
+        do = _load_tile(DO + offs_m[:, None] * HEAD_DIM + offs_d[None, :], in_m[:, None], d_ok,
+                        MASKED, PAD_D)  # (BLOCK_M, HEAD_DIM_PAD)
+        if MASKED:
+            delta = tl.load(Delta + offs_m, mask=in_m, other=0.0)
+        else:
+            delta = tl.load(Delta + offs_m)
+        dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # dV += Pᵀ dO
+        dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M)
+        dsT = pT * (dpT - delta[None, :])  # dSᵀ = Pᵀ ∘ (dPᵀ − delta)
+        if HAS_SOFTCAP:
+            dsT = dsT * dcapT
+        dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=DOT_PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv_variants_kernel(
+    Q, K, V, DO, LSE2, Delta, DK, DV, ALIBI, CU_Q, CU_K,
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_alibi_b, split_rows,
+    sm_scale, softcap, LEFT, RIGHT, H, H_KV, N_Q, N_K, HEADS_PER_SPLIT, N_BUCKET,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASK_BLOCK_M: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Strides count rows of HEAD_DIM elements: row r of (b, h) is b·stride_qb + h·stride_qh +
+    r (LSE2 and Delta are indexed by the same row numbers)."""
+    pid_n = tl.program_id(0)
+    pid_bhs = tl.program_id(1)  # (split, batch, K/V head), K/V head fastest
+    group = H // H_KV
+    n_bhkv = tl.num_programs(1) // (group // HEADS_PER_SPLIT)  # B · H_KV
+    split = pid_bhs // n_bhkv
+    b = (pid_bhs % n_bhkv) // H_KV
+    hk = pid_bhs % H_KV
+    if VARLEN:
+        q_start = tl.load(CU_Q + b).to(tl.int64)
+        k_start = tl.load(CU_K + b).to(tl.int64)
+        N_Q = (tl.load(CU_Q + b + 1) - q_start).to(tl.int32)
+        N_K = (tl.load(CU_K + b + 1) - k_start).to(tl.int32)
+    else:
+        q_start = b.to(tl.int64) * 0
+        k_start = q_start
+    start_n = pid_n * BLOCK_N
+    HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    acc_ty = Delta.dtype.element_ty
+    kv_row = b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh + k_start
+    kv_ptrs = (kv_row + offs_n[:, None]) * HEAD_DIM + offs_d[None, :]  # (BLOCK_N, HEAD_DIM_PAD)
+    n_ok = _tile_mask(offs_n[:, None] < N_K, offs_d[None, :] < HEAD_DIM, PAD_D)
+    k = tl.load(K + kv_ptrs, mask=n_ok, other=0.0)
+    v = tl.load(V + kv_ptrs, mask=n_ok, other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=acc_ty)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=acc_ty)
+    q_offset = N_K - N_Q
+    # the rows that see some key of this block: the same for every head of the group
+    lo, full_lo, full_hi, hi = _band_rows(start_n, N_Q, N_K, LEFT, RIGHT, BLOCK_N, MASK_BLOCK_M,
+                                          BLOCK_M)
+    for g in range(HEADS_PER_SPLIT):
+        h = hk * group + split * HEADS_PER_SPLIT + g
+        row0 = b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + q_start
+        slope = 0.0
+        if HAS_ALIBI:
+            slope = tl.load(ALIBI + b.to(tl.int64) * stride_alibi_b + h).to(tl.float32)
+        Qh, DOh = Q + row0 * HEAD_DIM, DO + row0 * HEAD_DIM
+        # the rows at the band's left edge (masked), those that see every key, the right edge
+        dk, dv = _dkdv_rows(dk, dv, k, v, Qh, DOh, LSE2 + row0, Delta + row0, offs_n, lo,
+                            full_lo, N_Q, N_K, q_offset, sm_scale, softcap, slope, LEFT, RIGHT,
+                            MASK_BLOCK_M, HEAD_DIM, True, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+        dk, dv = _dkdv_rows(dk, dv, k, v, Qh, DOh, LSE2 + row0, Delta + row0, offs_n, full_lo,
+                            full_hi, N_Q, N_K, q_offset, sm_scale, softcap, slope, LEFT, RIGHT,
+                            BLOCK_M, HEAD_DIM, False, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+        dk, dv = _dkdv_rows(dk, dv, k, v, Qh, DOh, LSE2 + row0, Delta + row0, offs_n, full_hi,
+                            hi, N_Q, N_K, q_offset, sm_scale, softcap, slope, LEFT, RIGHT,
+                            MASK_BLOCK_M, HEAD_DIM, True, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+    out = DK + split.to(tl.int64) * split_rows * HEAD_DIM
+    tl.store(out + kv_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=n_ok)
+    out = DV + split.to(tl.int64) * split_rows * HEAD_DIM
+    tl.store(out + kv_ptrs, dv.to(DV.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
+def _dq_keys(dq, q, do, lse2, delta, K, V, offs_m, lo, hi, N_K, q_offset, sm_scale, softcap,
+             slope, j_lo, j_hi, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+             MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+             DOT_PRECISION: tl.constexpr):
+    """dQ (in units of sm_scale) of one query block over the keys [lo, hi) of its K/V head."""
+    HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    dT_ok = offs_d[:, None] < HEAD_DIM
+    qk_scale = sm_scale * 1.4426950408889634
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kT_ptrs = offs_n[None, :] * HEAD_DIM + offs_d[:, None]  # (HEAD_DIM_PAD, BLOCK_N)
+        in_n = offs_n[None, :] < N_K
+        kT = _load_tile(K + kT_ptrs, in_n, dT_ok, MASKED, PAD_D)
+        vT = _load_tile(V + kT_ptrs, in_n, dT_ok, MASKED, PAD_D)
+        qk = tl.dot(q, kT, input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
+        s, dcap = _bwd_scores(qk, offs_m + q_offset, offs_n, sm_scale, softcap, slope,
+                              HAS_SOFTCAP, HAS_ALIBI, GPU_TANH and DOT_PRECISION != "ieee")
+        p = tl.math.exp2(s * qk_scale - lse2[:, None])
+        if MASKED:  # the band, for each row (j_lo, j_hi: _key_limits)
+            p = tl.where((offs_n[None, :] >= j_lo[:, None]) & (offs_n[None, :] <= j_hi[:, None]),
+                         p, 0.0)
+        dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None])
+        if HAS_SOFTCAP:
+            ds = ds * dcap
+        dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=DOT_PRECISION)
+    return dq
+
+
+@triton.jit
+def _bwd_dq_variants_kernel(
+    Q, K, V, DO, LSE2, Delta, DQ, ALIBI, CU_Q, CU_K,
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_alibi_b,
+    sm_scale, softcap, LEFT, RIGHT, H, H_KV, N_Q, N_K, N_BUCKET,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASK_BLOCK_N: tl.constexpr, LONGEST_FIRST: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pid_m, pid_bh, b, h, hk = _q_block_program(H, H // H_KV, LONGEST_FIRST)
+    if VARLEN:
+        q_start = tl.load(CU_Q + b).to(tl.int64)
+        k_start = tl.load(CU_K + b).to(tl.int64)
+        N_Q = (tl.load(CU_Q + b + 1) - q_start).to(tl.int32)
+        N_K = (tl.load(CU_K + b + 1) - k_start).to(tl.int32)
+    else:
+        q_start = b.to(tl.int64) * 0
+        k_start = q_start
+    start_m = pid_m * BLOCK_M
+    HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)
+    PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    in_m = offs_m < N_Q
+    row0 = b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + q_start
+    q_ptrs = (row0 + offs_m[:, None]) * HEAD_DIM + offs_d[None, :]  # (BLOCK_M, HEAD_DIM_PAD)
+    m_ok = _tile_mask(in_m[:, None], offs_d[None, :] < HEAD_DIM, PAD_D)
+    q = tl.load(Q + q_ptrs, mask=m_ok, other=0.0)
+    do = tl.load(DO + q_ptrs, mask=m_ok, other=0.0)
+    lse2 = tl.load(LSE2 + row0 + offs_m, mask=in_m, other=float("inf"))
+    delta = tl.load(Delta + row0 + offs_m, mask=in_m, other=0.0)
+    kv_row = b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh + k_start
+    Kh, Vh = K + kv_row * HEAD_DIM, V + kv_row * HEAD_DIM
+    slope = 0.0
+    if HAS_ALIBI:
+        slope = tl.load(ALIBI + b.to(tl.int64) * stride_alibi_b + h).to(tl.float32)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=Delta.dtype.element_ty)
+    q_offset = N_K - N_Q
+    lo, full_lo, full_hi, hi = _band_bounds(start_m, N_Q, N_K, LEFT, RIGHT, BLOCK_M, MASK_BLOCK_N)
+    hi = tl.where(start_m < N_Q, hi, lo)  # a block past its sequence's end (varlen): no key
+    full_lo = tl.minimum(full_lo, hi)
+    full_hi = full_lo + tl.maximum(tl.minimum(full_hi, hi) - full_lo, 0) // BLOCK_N * BLOCK_N
+    j_lo, j_hi = _key_limits(offs_m + q_offset, N_K, LEFT, RIGHT)
+    dq = _dq_keys(dq, q, do, lse2, delta, Kh, Vh, offs_m, lo, full_lo, N_K, q_offset, sm_scale,
+                  softcap, slope, j_lo, j_hi, MASK_BLOCK_N, HEAD_DIM, True, HAS_SOFTCAP,
+                  HAS_ALIBI, DOT_PRECISION)
+    dq = _dq_keys(dq, q, do, lse2, delta, Kh, Vh, offs_m, full_lo, full_hi, N_K, q_offset,
+                  sm_scale, softcap, slope, j_lo, j_hi, BLOCK_N, HEAD_DIM, False, HAS_SOFTCAP,
+                  HAS_ALIBI, DOT_PRECISION)
+    dq = _dq_keys(dq, q, do, lse2, delta, Kh, Vh, offs_m, full_hi, hi, N_K, q_offset, sm_scale,
+                  softcap, slope, j_lo, j_hi, MASK_BLOCK_N, HEAD_DIM, True, HAS_SOFTCAP,
+                  HAS_ALIBI, DOT_PRECISION)
+    tl.store(DQ + q_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=m_ok)
+
+
+_KEY = ["N_BUCKET", "HEAD_DIM", "HAS_SOFTCAP", "HAS_ALIBI", "VARLEN", "DOT_PRECISION"]
+_dkdv_tuned = triton.autotune(
+    configs=DKDV_CONFIGS, key=_KEY,
+    prune_configs_by={"early_config_prune": keep_bwd_config_for_head_dim},
+)(_bwd_dkdv_variants_kernel)
+_dq_tuned = triton.autotune(
+    configs=DQ_CONFIGS, key=_KEY + ["LONGEST_FIRST"],
+    prune_configs_by={"early_config_prune": keep_bwd_config_for_head_dim},
+)(_bwd_dq_variants_kernel)
+
+
+def _backward(do, q, k, v, o, lse, sm_scale, window, softcap, alibi_slopes, sinks, cu, N_q, N_k,
+              config, splits):
+    """q, o, do, k, v as (B, H, N, D) contiguous (varlen: B = 1, sequences along N)."""
+    B, H, _, D = q.shape
+    H_kv = k.shape[1]
+    refuse_bf16_in_interpreter(q, k, v, do, names=("q", "k", "v", "do"))
+    cfg = config or default_config(D)
+    cfg.check(D)
+    n_bucket = triton.next_power_of_2(max(N_q, N_k))
+    tuned = config is None and not INTERPRET and n_bucket >= AUTOTUNE_MIN_N
+    group = H // H_kv
+    n_seq = cu[0].shape[0] - 1 if cu else B
+    splits = choose_splits(n_seq, H_kv, group, N_k, cfg.block_n1) if splits is None else splits
+    if splits < 1 or group % splits:
+        raise ValueError(f"splits={splits} must divide the GQA group size {group}")
+    acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    rows_q, rows_k = q.shape[2], k.shape[2]
+    delta = torch.empty((B, H, rows_q), dtype=acc_dtype, device=q.device)
+    lse2 = torch.empty_like(delta)
+    dummy = delta
+    alibi = alibi_slopes if alibi_slopes is not None else dummy
+    alibi_b = alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.ndim == 2 else 0
+    cu_args = cu or (dummy, dummy)
+    # varlen: one "batch" of every sequence, each program finds its own rows from cu_seqlens
+    strides_q = (0, rows_q) if cu else (H * rows_q, rows_q)
+    strides_k = (0, rows_k) if cu else (H_kv * rows_k, rows_k)
+    left, right = (int(w) for w in window)
+    meta = {"HEAD_DIM": D, "HAS_SOFTCAP": softcap > 0, "HAS_ALIBI": alibi_slopes is not None,
+            "VARLEN": bool(cu), "DOT_PRECISION": dot_precision(q.dtype)}
+    with interpreter_errstate():  # exp2 of scores outside the band may overflow before tl.where
+        _bwd_preprocess_kernel[(triton.cdiv(rows_q, cfg.block_pre), B * H)](
+            o, do, lse.reshape(B, H, rows_q), delta, lse2, rows_q, HEAD_DIM=D,
+            BLOCK_M=cfg.block_pre)
+        if splits == 1:
+            dk, dv = torch.empty_like(k), torch.empty_like(v)
+        else:  # fp32 partial sums, one per split of the group
+            dk = torch.empty((splits, *k.shape), dtype=acc_dtype, device=q.device)
+            dv = torch.empty_like(dk)
+        common = (float(sm_scale), float(softcap) or 1.0, left, right, H, H_kv, N_q, N_k)
+        kv_args = (q, k, v, do, lse2, delta, dk, dv, alibi, *cu_args, *strides_q, *strides_k,
+                   alibi_b, k.numel() // D, *common, group // splits, n_bucket)
+        grid_kv = (triton.cdiv(N_k, cfg.block_n1), splits * n_seq * H_kv)
+        if tuned:
+            _dkdv_tuned[lambda m: (triton.cdiv(N_k, m["BLOCK_N"]), grid_kv[1])](*kv_args, **meta)
+        else:
+            _bwd_dkdv_variants_kernel[grid_kv](
+                *kv_args, **meta, BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
+                MASK_BLOCK_M=cfg.block_m1 // cfg.mask_factor, num_warps=cfg.warps_kv,
+                num_stages=cfg.stages_kv)
+        if splits > 1:
+            dk, dv = dk.sum(0).to(k.dtype), dv.sum(0).to(v.dtype)
+        dq = torch.empty_like(q)
+        q_args = (q, k, v, do, lse2, delta, dq, alibi, *cu_args, *strides_q, *strides_k, alibi_b,
+                  *common, n_bucket)
+        meta_q = {**meta, "LONGEST_FIRST": (left, right) == (-1, 0)}
+        if tuned:
+            _dq_tuned[lambda m: (triton.cdiv(N_q, m["BLOCK_M"]), n_seq * H)](*q_args, **meta_q)
+        else:
+            _bwd_dq_variants_kernel[(triton.cdiv(N_q, cfg.block_m2), n_seq * H)](
+                *q_args, **meta_q, BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2,
+                MASK_BLOCK_N=cfg.block_n2 // cfg.mask_factor, num_warps=cfg.warps_q,
+                num_stages=cfg.stages_q)
+    dsinks = None
+    if sinks is not None:  # d sink_h = −Σ_i e^{sink_h − lse_i} delta_i, over batch and rows
+        lse_f = lse.reshape(B, H, rows_q).to(acc_dtype)
+        p_sink = torch.exp(sinks.to(acc_dtype)[None, :, None] - lse_f)
+        dsinks = -(p_sink * delta).sum((0, 2)).to(sinks.dtype)
+    return dq, dk, dv, dsinks
+
+
+def backward_variants(do, q, k, v, o, lse, sm_scale: float, window: tuple[int, int],
+                      softcap: float, alibi_slopes=None, sinks=None,
+                      config: BwdConfig | None = None, splits: int | None = None):
+    """Gradients (dq, dk, dv, dsinks) of ``forward_variants`` for ``dO = do`` (dsinks None
+    without sinks). q, o, do (B, H, N_q, D); k, v (B, H_kv, N_k, D); lse (B, H, N_q) natural
+    log, the forward's (with the sink). ``window`` normalised (``validate.check_variants``)."""
+    N_q, N_k = q.shape[2], k.shape[2]
+    q, k, v, o = (t.contiguous() for t in (q, k, v, o))
+    do = do.to(q.dtype).contiguous()
+    return _backward(do, q, k, v, o, lse.contiguous(), sm_scale, window, softcap, alibi_slopes,
+                     sinks, None, N_q, N_k, config, splits)
+
+
+def backward_variants_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+                             max_seqlen_k: int, sm_scale: float, window: tuple[int, int],
+                             softcap: float, alibi_slopes=None, sinks=None,
+                             config: BwdConfig | None = None):
+    """Gradients (dq, dk, dv, dsinks) of ``forward_variants_varlen``: q, o, do (total_q, H, D),
+    k, v (total_k, H_kv, D), lse (H, total_q). Returned in the packed layout."""
+    def heads_first(t):  # (total, H, D) -> (1, H, total, D), contiguous
+        return t.transpose(0, 1).contiguous()[None]
+    qh, kh, vh, oh = (heads_first(t) for t in (q, k, v, o))
+    doh = heads_first(do.to(q.dtype))
+    dq, dk, dv, dsinks = _backward(doh, qh, kh, vh, oh, lse.contiguous(), sm_scale, window,
+                                   softcap, alibi_slopes, sinks, (cu_seqlens_q, cu_seqlens_k),
+                                   int(max_seqlen_q), int(max_seqlen_k), config, 1)
+    return (dq[0].transpose(0, 1), dk[0].transpose(0, 1), dv[0].transpose(0, 1), dsinks)
+
+
+__all__ = ["backward_variants", "backward_variants_varlen"]

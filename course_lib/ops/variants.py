@@ -1,0 +1,207 @@
+"""The attention of open models as differentiable functions and PyTorch operators (lesson 15).
+
+Introduced in notebooks/15_attention_variants.ipynb. ``flash_attn_v2(..., window_size=,
+softcap=, alibi_slopes=, sinks=)`` (``course_lib.ops.attention``) sends a call with a variant
+here, and ``flash_attn_varlen`` takes packed sequences; both with FlashAttention's arguments
+and semantics (github.com/Dao-AILab/flash-attention, ``flash_attn_func`` and
+``flash_attn_varlen_func``), sinks as GPT-OSS's per-head logit. The kernels are
+``kernels/flash_variants.py`` (forward) and ``kernels/flash_variants_bwd.py`` (backward).
+
+Each direction is a ``torch.library`` operator with a fake implementation, so
+``torch.compile(fullgraph=True)`` traces through it: ``course::flash_attn_variants_fwd`` /
+``_bwd`` and ``course::flash_attn_varlen_fwd`` / ``_bwd``. The forward's autograd formula saves
+q, k, v, O and the lse, and returns the gradients of q, k, v and of the sinks (the ALiBi slopes
+are constants, as in FlashAttention).
+
+The checks read shapes, dtypes and devices, never a value on the GPU: the offsets of packed
+sequences are checked (start at 0, never decrease, end at the tensors' lengths, no sequence
+longer than its ``max_seqlen``) where reading them costs nothing, on the CPU, and on the GPU
+only with ``validate=True`` (one synchronisation).
+"""
+from __future__ import annotations
+
+import torch
+
+from course_lib._device import DEVICE
+from course_lib.kernels.attention_common import MAX_GRID_Y
+from course_lib.kernels.flash_variants import forward_variants, forward_variants_varlen
+from course_lib.kernels.flash_variants_bwd import backward_variants, backward_variants_varlen
+from course_lib.validate import (
+    check_attention_inputs,
+    check_sm_scale,
+    check_tensor,
+    check_variants,
+    check_varlen,
+)
+
+NO_WINDOW = (-1, -1)
+
+
+def check_call(q, k, v, causal, sm_scale, window_size, softcap, alibi_slopes, sinks):
+    """The checks of a dense call with variants: (sm_scale, window, softcap), normalised."""
+    D = check_attention_inputs(q, k, v)[-1]
+    sm_scale = check_sm_scale(sm_scale, D)
+    window, softcap = check_variants(q, causal, window_size, softcap, alibi_slopes, sinks)
+    if q.shape[0] * q.shape[1] > MAX_GRID_Y:
+        raise ValueError(f"q's batch x heads = {q.shape[0] * q.shape[1]} exceeds {MAX_GRID_Y}, "
+                         "the CUDA grid's limit on the axis that carries them; split the batch")
+    return sm_scale, window, softcap
+
+
+def flash_attn_variants(q, k, v, sm_scale, window, softcap, alibi_slopes, sinks,
+                        return_lse=False):
+    """The variants' forward (and autograd) on checked arguments (``check_call``)."""
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, sinks))
+    if needs_grad or torch.compiler.is_compiling() or return_lse:
+        o, lse = torch.ops.course.flash_attn_variants_fwd(
+            q, k, v, sm_scale, window[0], window[1], softcap, alibi_slopes, sinks)
+    else:  # eager, no autograd: the launcher directly, without the dispatcher, and no lse
+        o, lse = forward_variants(q, k, v, sm_scale, window, softcap, alibi_slopes, sinks,
+                                  store_lse=False)
+    return (o, lse) if return_lse else o
+
+
+def check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, validate):
+    """Packed q (total_q, H, D), k and v (total_k, H_kv, D) and their offsets; returns D."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, 3)
+    if k.shape != v.shape:
+        raise ValueError(
+            f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[1] * q.shape[0] == 0 or k.shape[0] == 0:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must hold some rows")
+    # the checks of the dense layout, on (1, H, total, D) views: dtypes, devices, GQA, head dim
+    check_attention_inputs(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                           v.transpose(0, 1)[None])
+    if validate is None:
+        validate = DEVICE == "cpu"
+    check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                 read_values=bool(validate) and not torch.compiler.is_compiling())
+    return q.shape[-1]
+
+
+def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                      causal=False, sm_scale=None, *, window_size=NO_WINDOW, softcap=0.0,
+                      alibi_slopes=None, sinks=None, return_lse=False, validate=None):
+    """Attention over packed sequences of different lengths (FlashAttention's
+    ``flash_attn_varlen_func``), forward and backward.
+
+    q (total_q, H, D); k, v (total_k, H_kv, D), H a multiple of H_kv; ``cu_seqlens_q`` and
+    ``cu_seqlens_k`` int32 (B + 1,): sequence b is rows ``cu_seqlens_q[b] : cu_seqlens_q[b + 1]``
+    of q and ``cu_seqlens_k[b] : cu_seqlens_k[b + 1]`` of k and v, aligned bottom-right on its
+    own; ``max_seqlen_*`` the longest (the grid covers it). The variants as in ``flash_attn_v2``.
+    Returns O (total_q, H, D) in q's dtype, and with ``return_lse`` the lse (H, total_q) fp32.
+    ``validate`` (None: on the CPU only) checks the offsets' values (a read-back on a GPU).
+    """
+    D = check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, validate)
+    sm_scale = check_sm_scale(sm_scale, D)
+    window, softcap = check_variants(q.transpose(0, 1)[None].expand(
+        cu_seqlens_q.shape[0] - 1, -1, -1, -1), causal, window_size, softcap, alibi_slopes, sinks)
+    o, lse = torch.ops.course.flash_attn_varlen_fwd(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), sm_scale,
+        window[0], window[1], softcap, alibi_slopes, sinks)
+    return (o, lse) if return_lse else o
+
+
+# ---------------------------------------------------------------------------------------------
+# The operators (torch.library.Library, as course_lib.ops.attention registers its own)
+# ---------------------------------------------------------------------------------------------
+_LIB = torch.library.Library("course", "FRAGMENT")
+_VARIANTS = ("float sm_scale, int window_left, int window_right, float softcap, "
+             "Tensor? alibi_slopes, Tensor? sinks")
+_VARLEN = "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k"
+_LIB.define(f"flash_attn_variants_fwd(Tensor q, Tensor k, Tensor v, {_VARIANTS}) "
+            "-> (Tensor, Tensor)")
+_LIB.define("flash_attn_variants_bwd(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, "
+            f"Tensor lse, {_VARIANTS}) -> (Tensor, Tensor, Tensor, Tensor)")
+_LIB.define(f"flash_attn_varlen_fwd(Tensor q, Tensor k, Tensor v, {_VARLEN}, {_VARIANTS}) "
+            "-> (Tensor, Tensor)")
+_LIB.define("flash_attn_varlen_bwd(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, "
+            f"Tensor lse, {_VARLEN}, {_VARIANTS}) -> (Tensor, Tensor, Tensor, Tensor)")
+
+
+def _dsinks_or_empty(dsinks, q):
+    """The operator returns a tensor always: the sinks' gradient, or an empty one."""
+    return dsinks if dsinks is not None else q.new_empty((0,), dtype=torch.float32)
+
+
+def _fwd(q, k, v, sm_scale, left, right, softcap, alibi_slopes, sinks):
+    return forward_variants(q, k, v, sm_scale, (left, right), softcap, alibi_slopes, sinks)
+
+
+def _fwd_fake(q, k, v, sm_scale, left, right, softcap, alibi_slopes, sinks):
+    from course_lib.kernels.attention_common import allocate_outputs
+    return allocate_outputs(q)
+
+
+def _bwd(do, q, k, v, o, lse, sm_scale, left, right, softcap, alibi_slopes, sinks):
+    dq, dk, dv, dsinks = backward_variants(do, q, k, v, o, lse, sm_scale, (left, right), softcap,
+                                           alibi_slopes, sinks)
+    return dq, dk, dv, _dsinks_or_empty(dsinks, q)
+
+
+def _bwd_fake(do, q, k, v, o, lse, sm_scale, left, right, softcap, alibi_slopes, sinks):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            _dsinks_or_empty(None if sinks is None else sinks.new_empty(sinks.shape), q))
+
+
+def _varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, sm_scale, left, right, softcap,
+                alibi_slopes, sinks):
+    return forward_variants_varlen(q, k, v, cu_q, cu_k, max_q, max_k, sm_scale, (left, right),
+                                   softcap, alibi_slopes, sinks)
+
+
+def _varlen_fwd_fake(q, k, v, cu_q, cu_k, max_q, max_k, sm_scale, left, right, softcap,
+                     alibi_slopes, sinks):
+    return (q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
+
+
+def _varlen_bwd(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, sm_scale, left, right, softcap,
+                alibi_slopes, sinks):
+    dq, dk, dv, dsinks = backward_variants_varlen(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k,
+                                                  sm_scale, (left, right), softcap,
+                                                  alibi_slopes, sinks)
+    return dq.contiguous(), dk.contiguous(), dv.contiguous(), _dsinks_or_empty(dsinks, q)
+
+
+def _varlen_bwd_fake(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, sm_scale, left, right,
+                     softcap, alibi_slopes, sinks):
+    return _bwd_fake(do, q, k, v, o, lse, sm_scale, left, right, softcap, alibi_slopes, sinks)
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, *rest = inputs
+    n_varlen = 4 if len(rest) == 10 else 0  # cu_seqlens_q, cu_seqlens_k, max_seqlen_q, _k
+    o, lse = output
+    ctx.varlen = rest[:n_varlen]
+    ctx.args = rest[n_varlen:n_varlen + 4]  # sm_scale, left, right, softcap
+    alibi_slopes, sinks = rest[n_varlen + 4:]
+    ctx.has_sinks = sinks is not None
+    ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, sinks)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, do, _dlse):
+    q, k, v, o, lse, alibi_slopes, sinks = ctx.saved_tensors
+    if ctx.varlen:
+        cu_q, cu_k, max_q, max_k = ctx.varlen
+        dq, dk, dv, dsinks = torch.ops.course.flash_attn_varlen_bwd(
+            do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, *ctx.args, alibi_slopes, sinks)
+        grads = (dq, dk, dv, None, None, None, None)
+    else:
+        dq, dk, dv, dsinks = torch.ops.course.flash_attn_variants_bwd(
+            do, q, k, v, o, lse, *ctx.args, alibi_slopes, sinks)
+        grads = (dq, dk, dv)
+    return (*grads, None, None, None, None, None, dsinks if ctx.has_sinks else None)
+
+
+for _name, _impl, _fake in (("flash_attn_variants_fwd", _fwd, _fwd_fake),
+                            ("flash_attn_variants_bwd", _bwd, _bwd_fake),
+                            ("flash_attn_varlen_fwd", _varlen_fwd, _varlen_fwd_fake),
+                            ("flash_attn_varlen_bwd", _varlen_bwd, _varlen_bwd_fake)):
+    _LIB.impl(_name, _impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"course::{_name}", _fake, lib=_LIB)
+for _name in ("flash_attn_variants_fwd", "flash_attn_varlen_fwd"):
+    torch.library.register_autograd(f"course::{_name}", _backward, setup_context=_setup,
+                                    lib=_LIB)

@@ -1,0 +1,305 @@
+"""The variants' backward (kernels.flash_variants_bwd) and their public operators
+(ops.flash_attn_v2's keywords, ops.flash_attn_varlen): every gradient, the sinks' included,
+under the 2x rule against fp64 autograd of reference.attention_variants; packed sequences;
+the dK/dV program's row ranges against masks.block_row_range; errors that name the argument;
+the torch.library operators (opcheck, torch.compile)."""
+import itertools
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from course_lib import masks
+from course_lib.kernels.flash_variants_bwd import _band_rows
+from course_lib.ops import flash_attn_v2, flash_attn_varlen
+from course_lib.reference import attention_variants, attention_varlen
+from course_lib.testing import KERNEL_DTYPES, assert_close_2x, fresh_randn
+
+SHAPES = [  # B, H, H_kv, N_q, N_k, D
+    (1, 4, 2, 37, 37, 64),
+    (2, 2, 1, 17, 70, 32),   # a chunk of new queries against a longer cache
+    (1, 2, 1, 70, 23, 40),   # N_q > N_k (rows that see no key), a padded head dim
+]
+VARIANTS = {  # name: (causal, window_size, softcap, alibi, sinks)
+    "window": (False, (8, 3), 0.0, False, False),
+    "window causal": (True, (12, -1), 0.0, False, False),
+    "softcap": (False, (-1, -1), 3.0, False, False),
+    "alibi per batch": (True, (-1, -1), 0.0, "batch", False),
+    "sinks": (False, (-1, -1), 0.0, False, True),
+    "gemma 2 (softcap, window, causal)": (True, (16, -1), 5.0, False, False),
+    "gpt-oss (sinks, window, causal)": (True, (9, -1), 0.0, False, True),
+    "everything": (True, (20, -1), 4.0, True, True),
+}
+VARLEN_VARIANTS = {"causal": (True, (-1, -1), 0.0, False, False)}
+
+
+@pytest.fixture
+def poisoned_allocations(monkeypatch):
+    """Every tensor the forward and backward allocate starts as NaN."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    def empty_like(*args, **kwargs):
+        t = real_empty_like(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(torch, "empty_like", empty_like)
+
+
+def _extras(name, B, H, device):
+    causal, window, softcap, alibi, sinks = VARIANTS.get(name) or VARLEN_VARIANTS[name]
+    g = torch.Generator().manual_seed(len(name))
+    slopes = None
+    if alibi:
+        slopes = (torch.rand((B, H) if alibi == "batch" else (H,), generator=g) * 0.5).to(device)
+    sink = (torch.randn(H, generator=g) * 2).to(device) if sinks else None
+    return dict(causal=causal, window_size=window, softcap=softcap, alibi_slopes=slopes,
+                sinks=sink)
+
+
+def _grads(fn, tensors, do, dtype=None):
+    """fn's output and the gradients of (q, k, v[, sinks]) for the output gradient ``do``; the
+    sinks stay fp32 (or become fp64 with ``dtype``)."""
+    leaves = [t.detach().to(dtype or t.dtype).requires_grad_() for t in tensors[:3]]
+    if len(tensors) == 4:
+        leaves.append(tensors[3].detach().to(dtype or torch.float32).requires_grad_())
+    o = fn(*leaves)
+    return o, torch.autograd.grad(o, leaves, do.to(o.dtype))
+
+
+def _check(got_o, got, ref_o, ref, base_o, base, label):
+    assert_close_2x(got_o, ref_o, base_o, name=f"O {label}")
+    for name, g, r, b in zip(("dq", "dk", "dv", "dsinks"), got, ref, base):
+        assert g.dtype == b.dtype and g.shape == r.shape, (name, g.dtype, g.shape)
+        assert not torch.isnan(g).any(), f"{name} has NaN (an element never written?)"
+        floor = max(1e-5, torch.finfo(g.dtype).eps * r.abs().max().item())
+        assert_close_2x(g, r, b, name=f"{label} {name}", atol=floor)
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gradients_match_the_reference(shape, name, dtype, poisoned_allocations):
+    B, H, H_kv, N_q, N_k, D = shape
+    q = fresh_randn(B, H, N_q, D, dtype=dtype)
+    k, v = (fresh_randn(B, H_kv, N_k, D, dtype=dtype) for _ in range(2))
+    do = fresh_randn(B, H, N_q, D, dtype=dtype)
+    kw = _extras(name, B, H, q.device)
+    sinks = kw.pop("sinks")
+    tensors = (q, k, v) if sinks is None else (q, k, v, sinks)
+
+    def ours(*t):
+        return flash_attn_v2(*t[:3], kw["causal"], None, window_size=kw["window_size"],
+                             softcap=kw["softcap"], alibi_slopes=kw["alibi_slopes"],
+                             sinks=t[3] if len(t) == 4 else None)
+
+    def reference(compute_dtype):
+        def f(*t):
+            return attention_variants(*t[:3], sinks=t[3] if len(t) == 4 else None,
+                                      compute_dtype=compute_dtype, **kw)
+        return f
+
+    o, got = _grads(ours, tensors, do)
+    ref_o, ref = _grads(reference(None), tensors, do, torch.float64)
+    base_o, base = _grads(reference(dtype), tensors, do)
+    _check(o, got, ref_o, ref, base_o, base, name)
+
+
+def test_every_combination_of_the_variants():
+    """window x causal x softcap x ALiBi x sinks x GQA, one odd shape, fp32: every gradient."""
+    B, H, H_kv, N_q, N_k, D = 1, 4, 2, 29, 41, 32
+    q, k, v = (fresh_randn(B, h, n, D) for h, n in ((H, N_q), (H_kv, N_k), (H_kv, N_k)))
+    do = fresh_randn(B, H, N_q, D)
+    g = torch.Generator().manual_seed(0)
+    slopes = torch.rand(H, generator=g).to(q.device)
+    sinks = torch.randn(H, generator=g).to(q.device)
+    for causal, window, softcap, alibi, sink in itertools.product(
+            (False, True), ((-1, -1), (6, 2), (0, 0)), (0.0, 2.5), (None, slopes),
+            (None, sinks)):
+        kw = dict(window_size=window, softcap=softcap, alibi_slopes=alibi)
+        tensors = (q, k, v) if sink is None else (q, k, v, sink)
+
+        def ours(*t, kw=kw, causal=causal):
+            return flash_attn_v2(*t[:3], causal, 0.2, sinks=t[3] if len(t) == 4 else None, **kw)
+
+        def ref(*t, kw=kw, causal=causal):
+            return attention_variants(*t[:3], causal, 0.2, sinks=t[3] if len(t) == 4 else None,
+                                      **kw)
+        o, got = _grads(ours, tensors, do)
+        ref_o, want = _grads(ref, tensors, do, torch.float64)
+        torch.testing.assert_close(o, ref_o.float(), atol=2e-5, rtol=2e-5)
+        for name, a, b in zip(("dq", "dk", "dv", "dsinks"), got, want):
+            torch.testing.assert_close(a, b.float(), atol=5e-5, rtol=5e-5, msg=lambda m, n=name: (
+                f"{n} causal={causal} window={window} softcap={softcap} "
+                f"alibi={alibi is not None} sinks={sink is not None}: {m}"))
+
+
+@pytest.mark.parametrize("name", ["causal", "everything", "window"])
+def test_varlen_gradients_match_the_reference(name, poisoned_allocations):
+    """Sequences of lengths 0 to 70 packed in one tensor: O, dq, dk, dv (and dsinks), 2x rule."""
+    lens_q, lens_k = [5, 0, 37, 1, 70, 16], [9, 3, 37, 20, 33, 16]
+    H, H_kv, D = 4, 2, 32
+    dev = fresh_randn(1).device
+    cu_q = torch.tensor([0, *itertools.accumulate(lens_q)], dtype=torch.int32, device=dev)
+    cu_k = torch.tensor([0, *itertools.accumulate(lens_k)], dtype=torch.int32, device=dev)
+    q = fresh_randn(sum(lens_q), H, D)
+    k, v = fresh_randn(sum(lens_k), H_kv, D), fresh_randn(sum(lens_k), H_kv, D)
+    do = fresh_randn(sum(lens_q), H, D)
+    kw = _extras(name, len(lens_q), H, dev)
+    causal, sinks = kw.pop("causal"), kw.pop("sinks")
+    tensors = (q, k, v) if sinks is None else (q, k, v, sinks)
+    args = (cu_q, cu_k, max(lens_q), max(lens_k), causal, 0.25)
+
+    def ours(*t):
+        return flash_attn_varlen(*t[:3], *args, sinks=t[3] if len(t) == 4 else None, **kw)
+
+    def reference(compute_dtype):
+        def f(*t):
+            return attention_varlen(*t[:3], *args, sinks=t[3] if len(t) == 4 else None,
+                                    compute_dtype=compute_dtype, **kw)
+        return f
+    o, got = _grads(ours, tensors, do)
+    ref_o, ref = _grads(reference(None), tensors, do, torch.float64)
+    base_o, base = _grads(reference(torch.float32), tensors, do)
+    _check(o, got, ref_o, ref, base_o, base, f"varlen {name}")
+
+
+def test_a_window_backward_skips_the_blocks_outside_the_band():
+    """Keys outside the band of every row of the last query blocks are never read by their
+    programs: NaN there leaves those rows' dq right (a key read under a mask would not)."""
+    B, H, N, D = 1, 2, 512, 16
+    q, k, v, do = (fresh_randn(B, H, N, D) for _ in range(4))
+    window = (10, 0)
+    q_ = q.clone().requires_grad_()
+    o = flash_attn_v2(q_, k, v, window_size=window)
+    (dq_ref,) = torch.autograd.grad(o, q_, do)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, :256], v2[:, :, :256] = float("nan"), float("nan")
+    q_ = q.clone().requires_grad_()
+    o2 = flash_attn_v2(q_, k2, v2, window_size=window)
+    (dq,) = torch.autograd.grad(o2, q_, do)
+    torch.testing.assert_close(dq[:, :, 384:], dq_ref[:, :, 384:], atol=1e-6, rtol=1e-6)
+
+
+@triton.jit
+def _rows_probe(OUT, N_Q, N_K, LEFT, RIGHT, BLOCK_N: tl.constexpr, MASK_BLOCK_M: tl.constexpr,
+                BLOCK_M: tl.constexpr):
+    pid = tl.program_id(0)
+    lo, full_lo, full_hi, hi = _band_rows(pid * BLOCK_N, N_Q, N_K, LEFT, RIGHT, BLOCK_N,
+                                          MASK_BLOCK_M, BLOCK_M)
+    tl.store(OUT + pid * 4 + 0, lo)
+    tl.store(OUT + pid * 4 + 1, full_lo)
+    tl.store(OUT + pid * 4 + 2, full_hi)
+    tl.store(OUT + pid * 4 + 3, hi)
+
+
+@pytest.mark.parametrize("n_q,n_k", [(64, 64), (37, 100), (100, 37), (50, 1)])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (10, 0), (5, 7), (0, 0), (-1, 20)])
+def test_the_dkdv_program_visits_exactly_the_rows_the_rule_names(n_q, n_k, window):
+    """``_band_rows`` (the kernel's) against ``masks.block_row_range`` and the brute-force mask:
+    it visits every row that sees a key of its block (no more, but for rounding down to a
+    masked block), and runs unmasked only rows that see every key of a whole block."""
+    bn, mbm, bm = 16, 8, 16
+    vis = masks.visible(n_q, n_k, window)
+    n_blocks = triton.cdiv(n_k, bn)
+    out = torch.zeros(n_blocks * 4, dtype=torch.int32, device=fresh_randn(1).device)
+    _rows_probe[(n_blocks,)](out, n_q, n_k, window[0], window[1], bn, mbm, bm)
+    for c, (lo, full_lo, full_hi, hi) in enumerate(out.view(-1, 4).tolist()):
+        c0, c1 = c * bn, (c + 1) * bn
+        rule = masks.block_row_range(c0, c1, n_q, n_k, window)
+        rows = vis[:, c0:min(c1, n_k)].any(1).nonzero().flatten()
+        if len(rows):
+            assert (rule[0], rule[3]) == (rows.min().item(), rows.max().item() + 1)
+            assert hi == rule[3] and lo == rule[0] // mbm * mbm, (c, (lo, hi), rule)
+        else:
+            assert lo >= hi, (c, lo, hi)
+        assert lo <= full_lo <= full_hi <= hi and (full_hi - full_lo) % bm == 0
+        if full_hi > full_lo:  # unmasked rows see every key of a block that is all real keys
+            assert c1 <= n_k and vis[full_lo:full_hi, c0:c1].all()
+            assert rule[1] <= full_lo and full_hi <= rule[2]
+        all_rows = vis[:, c0:min(c1, n_k)].all(1).nonzero().flatten()
+        if len(all_rows) and c1 <= n_k:
+            assert (rule[1], rule[2]) == (all_rows.min().item(), all_rows.max().item() + 1)
+            # what runs masked that could run unmasked: less than a block on each side
+            assert full_lo - rule[1] < mbm and rule[2] - full_hi < bm + mbm
+
+
+def test_the_dense_path_serves_a_window_that_is_plain_causal():
+    """window_size=(-1, 0) is causal: the dense kernels, the same numbers as causal=True."""
+    q, k, v = (fresh_randn(1, 2, 33, 32) for _ in range(3))
+    torch.testing.assert_close(flash_attn_v2(q, k, v, window_size=(-1, 0)),
+                               flash_attn_v2(q, k, v, causal=True), atol=0, rtol=0)
+    with pytest.raises(ValueError, match="impl"):
+        flash_attn_v2(q, k, v, window_size=(4, 0), impl="hopper")
+
+
+def _packed(lens_q, lens_k, H=2, H_kv=1, D=32):
+    dev = fresh_randn(1).device
+    cu_q = torch.tensor([0, *itertools.accumulate(lens_q)], dtype=torch.int32, device=dev)
+    cu_k = torch.tensor([0, *itertools.accumulate(lens_k)], dtype=torch.int32, device=dev)
+    q = fresh_randn(sum(lens_q), H, D)
+    k, v = fresh_randn(sum(lens_k), H_kv, D), fresh_randn(sum(lens_k), H_kv, D)
+    return q, k, v, cu_q, cu_k
+
+
+def test_varlen_input_errors_name_the_argument():
+    q, k, v, cu_q, cu_k = _packed([3, 5], [4, 6])
+
+    def call(**kw):
+        args = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=5, max_seqlen_k=6)
+        args.update(kw)
+        return flash_attn_varlen(kw.pop("q", q), k, v, **args)
+
+    bad = [
+        (dict(cu_seqlens_q=cu_q + 1), ValueError, "cu_seqlens_q must start at 0"),
+        (dict(cu_seqlens_k=cu_k.flip(0)), ValueError, "cu_seqlens_k"),
+        (dict(cu_seqlens_q=cu_q.long()), TypeError, "cu_seqlens_q must be int32"),
+        (dict(cu_seqlens_q=cu_q[:2]), ValueError, "cu_seqlens_k"),
+        (dict(max_seqlen_q=4), ValueError, "max_seqlen_q"),
+        (dict(max_seqlen_k=2.5), TypeError, "max_seqlen_k"),
+        (dict(cu_seqlens_k=torch.tensor([0, 4, 9], dtype=torch.int32, device=q.device)),
+         ValueError, "cu_seqlens_k ends at 9"),
+        (dict(window_size=(-3, 0)), ValueError, "window_size"),
+        (dict(softcap=-1.0), ValueError, "softcap"),
+        (dict(sinks=torch.zeros(3, device=q.device)), ValueError, "sinks"),
+        (dict(alibi_slopes=torch.zeros(2, 3, device=q.device)), ValueError, "alibi_slopes"),
+    ]
+    for kw, err, match in bad:
+        with pytest.raises(err, match=match):
+            call(**kw)
+    with pytest.raises(ValueError, match="k and v"):
+        flash_attn_varlen(q, k, v[:-1], cu_q, cu_k, 5, 6)
+    with pytest.raises(ValueError, match="q must have 3 dimensions"):
+        flash_attn_varlen(q[None], k, v, cu_q, cu_k, 5, 6)
+
+
+def test_the_operators_pass_opcheck_and_compile():
+    """The four operators: schemas, fake implementations, autograd registration (opcheck), and
+    torch.compile(fullgraph=True) through the forward and backward of each function."""
+    q, k, v = (fresh_randn(1, 2, 21, 32) for _ in range(3))
+    sinks, slopes = fresh_randn(2), fresh_randn(2).abs()
+    args = (q, k, v, 0.2, 5, 0, 2.0, slopes, sinks)
+    torch.library.opcheck(torch.ops.course.flash_attn_variants_fwd.default, args)
+    o, lse = torch.ops.course.flash_attn_variants_fwd(*args)
+    torch.library.opcheck(torch.ops.course.flash_attn_variants_bwd.default,
+                          (torch.randn_like(o), q, k, v, o, lse, *args[3:]))
+    pq, pk, pv, cu_q, cu_k = _packed([7, 0, 12], [9, 4, 12])
+    vargs = (pq, pk, pv, cu_q, cu_k, 12, 12, 0.2, -1, 0, 0.0, None, sinks)
+    torch.library.opcheck(torch.ops.course.flash_attn_varlen_fwd.default, vargs)
+    po, plse = torch.ops.course.flash_attn_varlen_fwd(*vargs)
+    torch.library.opcheck(torch.ops.course.flash_attn_varlen_bwd.default,
+                          (torch.randn_like(po), pq, pk, pv, po, plse, *vargs[3:]))
+
+    def loss(q, k, v, sinks):
+        o = flash_attn_v2(q, k, v, True, window_size=(6, -1), softcap=3.0, sinks=sinks)
+        return (o * o).sum()
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
+    eager = torch.autograd.grad(loss(*leaves), leaves)
+    compiled = torch.autograd.grad(torch.compile(loss, fullgraph=True)(*leaves), leaves)
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)

@@ -73,6 +73,7 @@ MODULES = (
     "course_lib.bench.decode",
     "course_lib.kvcache",
     "course_lib.unified_max",
+    "course_lib.widgets.block_map",
 ) + tuple(f"course_lib.diagrams.{m.name}"
           for m in sorted(pkgutil.iter_modules([str(ROOT / "course_lib" / "diagrams")]),
                           key=lambda m: m.name))

@@ -46,6 +46,9 @@ LESSONS = (
     Lesson("13_paged_attention", "block tables, copy-on-write, waste simulation, paged decode",
            "07_decoding"),
     Lesson("14_llama_capstone", "the course kernels inside Hugging Face LLaMA", "07_decoding"),
+    Lesson("15_attention_variants", "the attention of open models: sliding windows, softcap, "
+           "ALiBi, sinks, packed sequences; each a block map plus a score change",
+           "08_variants"),
 )
 
 

@@ -611,6 +611,103 @@ def facts() -> dict[str, Fact]:
                      ("decode_sdpa", "decode_ms_sdpa")):
         add(f"d07_llama_8k_{key}", f"{d_llama[col]:.1f}", "07_decoding",
             f"data/llama.json prompt 8192: {col}")
+    # deck 08 (lesson 15): the window's counted work and the stored variants run
+    from course_lib.iomodel.variants import block_map, variant_io
+    d08 = load_result("variants_fwd")
+    d08_w = d08["shape"]["window"]
+    d08_io = {(win, bm): variant_io(16384, 16384, 128, bm, 64, win)
+              for win in ((-1, 0), (d08_w, 0)) for bm in (128, 64)}
+    c128, w128 = d08_io[((-1, 0), 128)], d08_io[((d08_w, 0), 128)]
+    add("d08_area_ratio", f"{c128['visible_pairs'] / w128['visible_pairs']:.2f}×", "08_variants",
+        "iomodel.variants.variant_io N 16k: causal / window visible pairs")
+    for bm in (128, 64):
+        c, w = d08_io[((-1, 0), bm)], d08_io[((d08_w, 0), bm)]
+        add(f"d08_pairs_ratio_{bm}", f"{c['computed_pairs'] / w['computed_pairs']:.2f}×",
+            "08_variants", f"variant_io N 16k, {bm} x 64 tiles: causal / window computed pairs")
+    add("d08_masked_window", f"{w128['blocks']['masked']}", "08_variants",
+        "variant_io N 16k, 128 x 64: masked tiles of the window")
+    add("d08_masked_causal", f"{c128['blocks']['masked']}", "08_variants",
+        "variant_io N 16k, 128 x 64: masked tiles of causal")
+    d08_runs = {win: [sum(kind != "skipped" for kind in row)
+                      for row in block_map(16384, 16384, 128, 64, win)]
+                for win in ((-1, 0), (d08_w, 0))}
+    add("d08_blocks_window", f"{max(d08_runs[(d08_w, 0)])}", "08_variants",
+        "iomodel.variants.block_map N 16k, 128 x 64: most key blocks a query block of the "
+        "window visits")
+    add("d08_blocks_causal", f"{statistics.mean(d08_runs[(-1, 0)]):.0f}", "08_variants",
+        "block_map N 16k, 128 x 64: key blocks a causal query block visits, on average")
+    d08_t = {r["provider"]: r["tflops_visited"] for r in d08["rows"]}
+    d08_ms = {r["provider"]: r["ms"] for r in d08["rows"]}
+    for key, prov in (("causal", "variants causal"), ("window", f"variants window {d08_w}"),
+                      ("flex_causal", "flex causal"), ("flex_window", f"flex window {d08_w}"),
+                      ("softcap", "variants causal softcap"), ("alibi", "variants causal alibi"),
+                      ("sinks", "variants causal sinks"),
+                      ("dense_portable", "flash_attn_v2 causal (portable)"),
+                      ("dense_hopper", "flash_attn_v2 causal (auto)")):
+        add(f"d08_tflops_{key}", f"{d08_t[prov]:.0f}", "08_variants",
+            f"data/variants_fwd.json {prov}: TFLOP/s on the visited area")
+    for key, prov in (("", "variants"), ("_flex", "flex")):
+        add(f"d08_window_speedup{key}",
+            f"{d08_ms[f'{prov} causal'] / d08_ms[f'{prov} window {d08_w}']:.2f}×", "08_variants",
+            f"data/variants_fwd.json: {prov} causal ms / window ms")
+    add("d08_ms_causal", f"{d08_ms['variants causal']:.2f} ms", "08_variants",
+        "data/variants_fwd.json variants causal")
+    add("d08_ms_window", f"{d08_ms[f'variants window {d08_w}']:.3f} ms", "08_variants",
+        "data/variants_fwd.json variants window")
+    for key in ("softcap", "alibi"):
+        add(f"d08_tflops_flex_{key}", f"{d08_t[f'flex causal {key}']:.0f}", "08_variants",
+            f"data/variants_fwd.json flex causal {key}: TFLOP/s on the visited area")
+    d08_pairs = (("causal", "causal"), ("softcap", "causal softcap"), ("alibi", "causal alibi"),
+                 ("window", f"window {d08_w}"))
+    d08_vs = {k: d08_t[f"variants {p}"] / d08_t[f"flex {p}"] for k, p in d08_pairs}
+    add("d08_fwd_vs_flex", _span([d08_vs[k] for k in ("causal", "softcap", "alibi")]),
+        "08_variants", "data/variants_fwd.json: ours / FlexAttention TFLOP/s, causal, softcap, "
+        "ALiBi")
+    add("d08_fwd_vs_flex_window", f"{d08_vs['window']:.2f}×", "08_variants",
+        "data/variants_fwd.json: ours / FlexAttention TFLOP/s, window")
+    # the backward: the same harness, autograd.grad of a forward made once (variants_bwd.json)
+    d08b = load_result("variants_bwd")
+    d08b_t = {r["provider"]: r["tflops_visited"] for r in d08b["rows"]}
+    d08b_ms = {r["provider"]: r["ms"] for r in d08b["rows"]}
+    for key, prov in (("causal", "variants causal"), ("window", f"variants window {d08_w}"),
+                      ("softcap", "variants causal softcap"), ("alibi", "variants causal alibi"),
+                      ("sinks", "variants causal sinks"), ("flex_causal", "flex causal"),
+                      ("flex_window", f"flex window {d08_w}"),
+                      ("flex_softcap", "flex causal softcap"),
+                      ("flex_alibi", "flex causal alibi"),
+                      ("dense", "flash_attn_v2 causal (portable)")):
+        add(f"d08_bwd_tflops_{key}", f"{d08b_t[prov]:.0f}", "08_variants",
+            f"data/variants_bwd.json {prov}: backward TFLOP/s on the visited area")
+    d08b_vs = {k: d08b_t[f"variants {p}"] / d08b_t[f"flex {p}"] for k, p in d08_pairs}
+    add("d08_bwd_vs_flex", _span([d08b_vs[k] for k in ("causal", "alibi", "window")]),
+        "08_variants", "data/variants_bwd.json: ours / FlexAttention TFLOP/s, causal, ALiBi, "
+        "window")
+    add("d08_bwd_vs_flex_softcap", f"{d08b_vs['softcap']:.2f}×", "08_variants",
+        "data/variants_bwd.json: ours / FlexAttention TFLOP/s, softcap")
+    add("d08_bwd_dense_vs_flex",
+        f"{d08b_t['flash_attn_v2 causal (portable)'] / d08b_t['flex causal']:.2f}×",
+        "08_variants", "data/variants_bwd.json: the dense backward (flash_bwd) / FlexAttention "
+        "causal, TFLOP/s")
+    for key, prov in (("", "variants"), ("_flex", "flex")):
+        add(f"d08_bwd_window_speedup{key}",
+            f"{d08b_ms[f'{prov} causal'] / d08b_ms[f'{prov} window {d08_w}']:.2f}×",
+            "08_variants", f"data/variants_bwd.json: {prov} causal ms / window ms")
+    add("d08_bwd_ms_causal", f"{d08b_ms['variants causal']:.2f} ms", "08_variants",
+        "data/variants_bwd.json variants causal")
+    add("d08_bwd_ms_window", f"{d08b_ms[f'variants window {d08_w}']:.2f} ms", "08_variants",
+        "data/variants_bwd.json variants window")
+    # packed sequences against as many dense sequences of the mean length (variants_varlen.json)
+    d08v = load_result("variants_varlen")
+    d08v_t = {(r["provider"], r["direction"]): r["tflops_visited"] for r in d08v["rows"]}
+    add("d08_varlen_mean", f"{d08v['shape']['mean']}", "08_variants",
+        "data/variants_varlen.json: mean sequence length")
+    add("d08_varlen_longest", f"{d08v['shape']['longest']}", "08_variants",
+        "data/variants_varlen.json: the bound of the random lengths (1 to it)")
+    add("d08_varlen_sequences", f"{d08v['shape']['sequences']}", "08_variants",
+        "data/variants_varlen.json: packed sequences")
+    for key in ("forward", "backward"):
+        add(f"d08_varlen_{key}", f"{d08v_t[('varlen', key)] / d08v_t[('dense', key)]:.2f}×",
+            "08_variants", f"data/variants_varlen.json {key}: varlen / dense TFLOP/s")
 
     # Kernel docstrings: each kernel file states its current measured speed -------------------
     def env_of(result):
@@ -688,6 +785,32 @@ def facts() -> dict[str, Fact]:
         f"{vt['flash_attn_v2 causal (portable)']:.0f} (portable kernel) and "
         f"{vt['flash_attn_v2 causal (auto)']:.0f} (Hopper kernel)", f"{src}flash_variants.py",
         "data/variants_fwd.json: TFLOP/s on the visited area, every provider")
+
+    bwd_var = load_result("variants_bwd")
+    bt = {r["provider"]: r["tflops_visited"] for r in bwd_var["rows"]}
+    bw = bwd_var["shape"]["window"]
+    add("kdoc_varbwd_env", env_of(bwd_var), f"{src}flash_variants_bwd.py",
+        "data/variants_bwd.json environment")
+    add("kdoc_varbwd_speed",
+        "; ".join(f"{label} {bt['variants ' + key]:.0f} TFLOP/s (FlexAttention "
+                  f"{bt['flex ' + key]:.0f})" for label, key in (
+                      ("causal", "causal"), (f"window {bw}", f"window {bw}"),
+                      ("causal with softcap", "causal softcap"),
+                      ("causal with ALiBi", "causal alibi")))
+        + f"; causal with sinks {bt['variants causal sinks']:.0f}; the dense backward "
+        f"(flash_bwd) causal {bt['flash_attn_v2 causal (portable)']:.0f}",
+        f"{src}flash_variants_bwd.py",
+        "data/variants_bwd.json: backward TFLOP/s on the visited area, every provider")
+    vl = load_result("variants_varlen")
+    vr = {(r["provider"], r["direction"]): r["tflops_visited"] for r in vl["rows"]}
+    add("kdoc_varlen_speed",
+        f"{vl['shape']['sequences']} causal sequences of random lengths 1 to "
+        f"{vl['shape'].get('longest') or max(vl['shape']['lengths'])} "
+        f"(mean {vl['shape']['mean']}): forward "
+        f"{vr[('varlen', 'forward')]:.0f} TFLOP/s against the dense kernel's "
+        f"{vr[('dense', 'forward')]:.0f} at the mean length, backward "
+        f"{vr[('varlen', 'backward')]:.0f} against {vr[('dense', 'backward')]:.0f}",
+        f"{src}flash_variants_bwd.py", "data/variants_varlen.json")
 
     # README: the measured table (readme_measured), each row with its harness ------------------
     def nb(r, D=None, causal=None, long=None):

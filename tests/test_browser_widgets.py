@@ -33,6 +33,7 @@ WIDGET_NOTEBOOKS = [
     "03_tiled_matmul.ipynb",        # the tiled matmul's tiles and HBM reads
     "06_flash_v1_algorithm.ipynb",  # the tile walk
     "12_flash_decoding.ipynb",      # split-KV and the LSE merge
+    "15_attention_variants.ipynb",  # the block map of attention's variants
 ]
 SHOTS = Path(os.environ.get("COURSE_SCREENSHOTS",
                             Path(tempfile.gettempdir()) / "course-browser-screenshots"))

@@ -1,6 +1,7 @@
-"""The course's kernels inside Hugging Face transformers: a LLaMA whose attention is ours.
+"""The course's kernels inside Hugging Face transformers: the attention of open models is ours.
 
-Introduced in notebooks/14_llama_capstone.ipynb.
+Introduced in notebooks/14_llama_capstone.ipynb (LLaMA); the variants of other open models
+(padding, sliding windows, softcap, sinks) are lesson 15's (notebooks/15_attention_variants.ipynb).
 
 transformers lets a model's attention be swapped by name: every attention layer of LLaMA (and
 of most decoder models) calls ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`` with
@@ -14,35 +15,79 @@ attn_output (B, N_q, H, D). Importing this module registers ``"course_kernels"``
     # or LlamaConfig(..., attn_implementation="course_kernels"), or
     # model.set_attn_implementation("course_kernels") on a model already built
 
-and routes every call to one of the course's kernels:
+and routes every call to one of the course's kernels (``CALLS`` names the route):
 
-* **prefill** (the prompt, or any step with more than ``DECODE_MAX_QUERIES`` new tokens, or any
-  step whose gradient is needed): ``flash_attn_v2`` (notebook 08), causal bottom-right aligned,
-  so a chunk of new tokens after a cache attends correctly; GQA without repeating K/V.
-* **decode** (at most ``DECODE_MAX_QUERIES`` new tokens against a longer cache):
-  ``flash_decode`` (notebook 12), split-KV with the LSE merge.
+* ``"prefill"`` (the prompt, or any step with more than ``DECODE_MAX_QUERIES`` new tokens, or
+  any step whose gradient is needed): ``flash_attn_v2`` (notebook 08), causal bottom-right
+  aligned, so a chunk of new tokens after a cache attends correctly; GQA without repeating K/V.
+* ``"decode"`` (at most ``DECODE_MAX_QUERIES`` new tokens against a longer cache, no padding;
+  a static cache's unused slots are left out by its key counts, ``cache_seqlens``):
+  ``flash_decode`` (notebook 12), split-KV with the LSE merge. With the layer's variants where
+  it has some, ``flash_decode(..., window_size=, softcap=, sinks=)`` (notebook 15): the window
+  is aligned on each sequence's last key, and the splits read only its band (about W + N_q keys
+  per sequence, not N_k).
+* ``"variants"``: a prefill (as above) with a sliding window that hides keys, a softcap or
+  sinks: ``flash_attn_v2(..., window_size=, softcap=, sinks=)`` (notebook 15).
+* ``"varlen"``: sequences that use different keys, where ``flash_decode`` does not serve them:
+  padding among the keys a step sees (a left-padded batch's prefill and decode steps, until a
+  sliding layer's cache has dropped it), and a static cache's unused slots in a prefill whose
+  sequences' lengths differ or, compiled, that has a variant, and in any step with a gradient:
+  ``flash_attn_varlen`` over key ranges (below).
 
-The mask. transformers builds one mask per forward through ``ALL_MASK_ATTENTION_FUNCTIONS``
-under the same name; ``course_attention_mask`` returns ``None`` whenever the attention is plain
-causal over every key in the cache (no padding: the kernels' own masking is exact). Otherwise
-it draws the 4D boolean mask (B, 1, N_q, N_k) and checks it, once per forward: the causal mask
-over the first L_b keys of each sequence (a static cache that is not full yet) becomes the key
-counts L_b, (B, 1, 1, 1) int32, that every layer receives; padding, packed sequences, sliding
-windows, or any other pattern raise ``NotImplementedError``: the kernels cannot express them,
-and a silently wrong answer is worse than none. A 4D mask handed to the model directly is checked by
-the attention function the same way. Dropout, soft-capping and attention sinks are refused.
+The variants come as transformers passes them, checked against its eager code (5.24):
 
-torch.compile (which ``generate`` applies on a GPU with a static cache,
+* **sliding window** (Mistral on every layer, Gemma 2 and GPT-OSS on every other): the layer
+  passes ``sliding_window=W``, and the mask function lets query t see keys t - W < j <= t (W
+  keys, its own included): FlashAttention's ``window_size = (W - 1, 0)``, as transformers'
+  FlashAttention path passes it. Applied where it hides a key (N_k > W); a sliding layer's
+  cache that keeps only the window needs none in its decode steps.
+* **softcap** (Gemma 2's ``attn_logit_softcapping``): ``softcap=c``, c·tanh(s / c) on the
+  scaled scores, before the mask; ``scaling`` is Gemma 2's query_pre_attn_scalar^-0.5.
+* **sinks** (GPT-OSS): ``s_aux``, the layer's (H,) parameter, a logit per head in the softmax's
+  denominator with no value (eager concatenates it as one more column and drops its
+  probability), cast to fp32; its gradient flows back to the parameter.
+
+The mask. transformers builds one mask per forward (one per layer type) through
+``ALL_MASK_ATTENTION_FUNCTIONS`` under the same name; ``course_attention_mask`` turns it into
+the keys each sequence uses, without drawing an N_q x N_k mask for the causal and sliding
+patterns (``mask_pattern``): ``None`` when every key of the cache is real (the kernels' own
+masking is exact); the key counts L_b (B, 1, 1, 1) int32 when sequence b uses the first L_b
+keys (a static cache not full yet); else the ranges (B, 1, 1, 4) int32 = (q_lo, q_hi, k_lo,
+k_hi): sequence b's real queries and the keys they see, which is how a left-padded batch
+(``generate``'s), a right-padded one, or padding inside a sliding layer's cache arrive. The
+window is not in the mask: the layer applies its own. The ranges go to ``flash_attn_varlen``
+with the batch's rows as they lie: each sequence is three packed pieces (padding before, the
+real tokens, padding after), offsets computed on the device and ``max_seqlen`` bounded by N_q
+and N_k, so nothing is read back and every shape is static; K and V are copied into the packed
+layout (as FlashAttention's transformers integration gathers them). A padding token's own
+output is not specified (transformers' eager path averages every key there, FlashAttention's
+returns zeros; ours attends among the padding). Other mask functions (packed sequences,
+chunked attention, overlays) are drawn and checked; a 4D mask handed to the model directly is
+checked by the attention function the same way, against the layer's window.
+
+Refused, with ``NotImplementedError`` and the reason (a silently wrong answer is worse than
+none): a padding mask with holes inside a sequence (right padding followed by generated tokens),
+packed sequences, chunked attention, any mask that is not causal (or the layer's window) over
+one run of keys per sequence; a sliding window on bidirectional attention; attention dropout.
+
+Read-backs. Eagerly, a 2D padding mask is read back once per forward (a few flags: its one-run
+check and which form it takes; as transformers' SDPA path reads its mask to skip it), a drawn
+mask likewise, and a static cache's L_b range once per forward where the cache is cut to it;
+never once per layer. torch.compile (which ``generate`` applies on a GPU with a static cache,
 ``cache_implementation="static"``) traces both functions: the kernels are ``torch.library``
-operators (``course_lib.ops``) and nothing in the compiled path reads a tensor's value back to
-the host, so a decode step can be one CUDA graph.
+operators (``course_lib.ops``), the checks inside a graph are device-side assertions and padded
+batches take the ranges, so nothing in the compiled path reads a tensor's value back and a
+decode step can be one CUDA graph (``generate`` asks for the mask before each step, outside the
+graph: with a 2D padding mask that call reads its flags back, without one it reads nothing).
 
-``CALLS`` counts the routes taken by eager calls (``"prefill"``, ``"decode"``), so a test can
-show that the decode steps of ``generate`` really went through ``flash_decode``; a compiled
-graph shows its kernels as ``course.flash_decode`` nodes instead.
+``CALLS`` counts the routes taken by eager calls and ``VARIANTS`` the calls that applied a
+``"window"``, a ``"softcap"`` or ``"sinks"``, so a test can show that every attention call of
+``generate`` was served by the course and with which variants; a compiled graph shows its
+kernels as ``course.*`` nodes instead.
 
 The rest are the capstone's helpers: configs (a small one for the CPU, ~1B parameters for a
-GPU), a random-weight model, greedy decoding with a cache, the GPU timing of prefill and
+GPU; ``small_config`` for tiny LLaMA, Mistral, Gemma 2 and GPT-OSS), a random-weight model,
+greedy decoding with a cache, the GPU timing of prefill and
 per-token decode against SDPA, and the stored runs (``python -m course_lib.hf [--compiled]``
 writes course_lib/data/llama.json or capstone_compiled.json). transformers is an optional
 extra of the course (``pip install -e ".[hf]"``); nothing is downloaded: every model here is
@@ -73,11 +118,17 @@ import weakref
 import torch
 
 from course_lib._device import DEVICE
-from course_lib.ops import flash_attn_v2, flash_decode
+from course_lib.ops import flash_attn_v2, flash_attn_varlen, flash_decode
 
 try:
     from transformers import AttentionInterface, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import (
+        AttentionMaskInterface,
+        and_masks,
+        causal_mask_function,
+        sdpa_mask,
+        sliding_window_overlay,
+    )
 except ImportError as e:  # pragma: no cover - the message is the point
     raise ImportError(
         "course_lib.hf needs Hugging Face transformers, an optional extra of the course: "
@@ -85,101 +136,140 @@ except ImportError as e:  # pragma: no cover - the message is the point
 
 ATTN_IMPLEMENTATION = "course_kernels"
 DECODE_MAX_QUERIES = 16  # at most this many new tokens against a cache: flash_decode
-CALLS: collections.Counter = collections.Counter()
+NO_WINDOW = (-1, -1)  # FlashAttention's window_size for no window
+CALLS: collections.Counter = collections.Counter()  # eager calls by route
+VARIANTS: collections.Counter = collections.Counter()  # eager calls that applied each variant
 
 
 # ---------------------------------------------------------------------------------------------
 # the attention function and its mask
 # ---------------------------------------------------------------------------------------------
 
+# transformers' mask functions (masking_utils) that course_attention_mask reads without drawing
+# the mask: the causal one, and the sliding window's ``and_masks(sliding_window_overlay(W),
+# causal_mask_function)``, under which query q_idx sees key kv_idx iff q_idx - W < kv_idx <=
+# q_idx: W keys, its own included, FlashAttention's window_size = (W - 1, 0).
+_AND_CODE = and_masks(causal_mask_function).__code__
+_WINDOW_CODE = sliding_window_overlay(1).__code__
+
+
+def _closure(fn) -> dict:
+    """The variables a nested function closes over, by name."""
+    return dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__ or ())))
+
+
+def mask_pattern(mask_function):
+    """``("causal", None)``, ``("sliding", W)`` or None (any other pattern) for the mask function
+    transformers hands a mask interface.
+
+    W is read from the closure of transformers' own sliding-window mask function. Under
+    ``torch.compile`` a function made inside the graph has no closure to read: only the plain
+    causal one is recognised there, and the caller draws any other mask and checks it."""
+    if mask_function is None or mask_function is causal_mask_function:
+        return ("causal", None)
+    if torch.compiler.is_compiling() or getattr(mask_function, "__code__", None) is not _AND_CODE:
+        return None
+    parts = _closure(mask_function).get("mask_functions", ())
+    if len(parts) == 2 and causal_mask_function in parts:
+        window = parts[1] if parts[0] is causal_mask_function else parts[0]
+        if getattr(window, "__code__", None) is _WINDOW_CODE:
+            return ("sliding", _closure(window)["sliding_window"])
+    return None
+
+
 def course_attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
                           mask_function=None, attention_mask=None, **kwargs):
-    """The mask transformers hands our attention: None for plain causal over the whole cache,
-    else the keys in use per sequence, L_b as a (B, 1, 1, 1) int32 tensor (4D: transformers
-    passes a 4D mask on as prepared, as ``generate`` does with a static cache's).
+    """The mask transformers hands our attention, as the keys each sequence uses: None (every
+    key of the cache, no padding), or a small int32 tensor that every layer receives:
 
-    Called once per forward by ``create_causal_mask`` (and by the sliding-window and
-    bidirectional variants), and with a static cache once per step by ``generate``; its result
-    goes to every layer. None is returned when the N_q queries are the last N_q of the
-    kv_length keys, every key is real (no padding) and the pattern is the standard causal one.
-    With no 2D mask (no padding) and the standard pattern, a cache longer than the tokens
-    seen (a static cache) gets L_b = q_offset + N_q, computed on the device (``_keys_seen``);
-    eagerly, a 2D mask with no padding over exactly the tokens seen gets the same L_b after one
-    read-back of a flag (``_keys_without_padding``). Anything else (padding; packed sequences,
-    which transformers cannot rule out inside a compiled graph; another pattern) is drawn as
-    ``sdpa_mask``'s 4D boolean mask and checked here, once per forward (``_keys_in_use``): a
-    causal mask over the first L_b keys of each sequence becomes L_b, any other raises
-    ``NotImplementedError`` (under ``torch.compile``, a device-side assertion). A compiled
-    prefill with no cache (N_q = N_k, no offsets) whose mask is the plain causal one gets None,
-    as eagerly.
-    This is the manner of transformers' own FlashAttention path, whose mask function hands the
-    attention a compact 2D padding mask instead of a 4D one. Eagerly, knowing that there is no
-    padding reads the 2D mask back (one synchronisation per forward, as transformers' SDPA path
-    does); under ``torch.compile`` nothing is read back.
+    * the key counts L_b, (B, 1, 1, 1): sequence b uses keys [0, L_b) of the cache and its N_q
+      queries are the last N_q of those (a static cache not full yet, a right-trimmed cache);
+    * the ranges (B, 1, 1, 4) = (q_lo, q_hi, k_lo, k_hi): queries [q_lo, q_hi) of sequence b are
+      real tokens and see keys [k_lo, k_hi) of the cache, the last query aligned with the last
+      key (left padding, or padding on both sides). Queries outside [q_lo, q_hi) are padding:
+      their outputs are not specified (transformers' FlashAttention path returns zeros there,
+      its eager path an average over every key).
+
+    The window is not in the mask: a sliding layer passes its ``sliding_window`` to the
+    attention function, which applies it (as transformers' FlashAttention path does).
+
+    Called once per forward by ``create_causal_mask`` and ``create_sliding_window_causal_mask``
+    (once per layer type), and with a static cache once per step by ``generate``. The causal and
+    the sliding-window mask functions (``mask_pattern``) are turned into key ranges without
+    drawing an N_q x N_k mask: from the offsets alone when there is no 2D mask (a static cache
+    gets L_b = q_offset + N_q - kv_offset, on the device: ``_keys_seen``), or from the 2D padding
+    mask (``_keys_of_padding_mask``), which must hold one run of real tokens per sequence (left
+    or right padding); eagerly that check and the choice of form read back a few flags, once per
+    forward (as transformers' SDPA path reads its mask back to skip it); under ``torch.compile``
+    the check is a device-side assertion and the ranges are always used, so nothing is read back.
+    Any other mask function (packed sequences, chunked attention, an overlay) is drawn as
+    ``sdpa_mask``'s 4D boolean mask and checked, once per forward (``_keys_in_mask``): a mask
+    that is causal (or, when transformers passes ``local_size``, a sliding window of that size)
+    over one range of keys and queries per sequence becomes that range; any other raises
+    ``NotImplementedError`` (under ``torch.compile``, a device-side assertion): the kernels
+    cannot express it, and a silently wrong answer is worse than none. A compiled prefill with
+    no cache (N_q = N_k, no offsets), for which transformers draws the mask because it cannot
+    rule out packed sequences in a graph, gets None after the device checks that it is plain
+    causal.
     """
-    from transformers.masking_utils import causal_mask_function
-
-    plain_pattern = mask_function is None or mask_function is causal_mask_function
-    compiling = torch.compiler.is_compiling()
-    static_offsets = not any(isinstance(x, torch.Tensor) for x in (q_offset, kv_offset))
-    if plain_pattern and static_offsets and q_offset + q_length == kv_offset + kv_length:
+    pattern = mask_pattern(mask_function)
+    if pattern is not None and not isinstance(kv_offset, torch.Tensor):
         if attention_mask is None:
-            return None
-        if (attention_mask.ndim == 2 and attention_mask.shape[-1] == kv_length and not compiling
-                and bool(attention_mask.bool().all())):
-            return None
-    if plain_pattern and attention_mask is None and not isinstance(kv_offset, torch.Tensor) \
-            and kv_offset == 0:
-        # No padding and the plain pattern: the N_q queries are the last of the q_offset + N_q
-        # tokens seen, so every sequence uses the first L = q_offset + N_q keys. Nothing to
-        # check, and a static cache's offset (a tensor) stays on the device.
-        return _keys_seen(batch_size, q_length, q_offset, kwargs.get("device"))
-    if (plain_pattern and not compiling and attention_mask is not None
-            and attention_mask.ndim == 2 and not isinstance(kv_offset, torch.Tensor)
-            and kv_offset == 0):
-        lengths = _keys_without_padding(batch_size, q_length, q_offset, attention_mask)
-        if lengths is not None:
-            return lengths
+            if (not isinstance(q_offset, torch.Tensor)
+                    and q_offset + q_length == kv_offset + kv_length):
+                return None  # every key of the cache, no padding: the kernels' own masking
+            # No padding: the N_q queries are the last of the q_offset + N_q tokens seen, and the
+            # cache holds them from kv_offset on. A static cache's offset (a tensor) stays on the
+            # device.
+            return _keys_seen(batch_size, q_length, q_offset, kv_offset, kwargs.get("device"))
+        if attention_mask.ndim == 2:
+            return _keys_of_padding_mask(q_length, kv_length, q_offset, kv_offset,
+                                         attention_mask.bool(), windowed=pattern[0] != "causal")
     if attention_mask is not None and attention_mask.ndim == 2:
         attention_mask = attention_mask.bool()
     kwargs.pop("allow_is_causal_skip", None)
+    local_size = kwargs.get("local_size")
     if mask_function is not None:
         kwargs["mask_function"] = mask_function
     mask = sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length,
                      q_offset=q_offset, kv_offset=kv_offset, attention_mask=attention_mask,
                      allow_is_causal_skip=False, **kwargs)  # (B, 1, N_q, N_k)
-    lengths = _keys_in_use(mask, q_length, kv_length)[0]
-    if compiling and static_offsets and q_offset == kv_offset == 0 and q_length == kv_length:
-        # A compiled prefill with no cache: transformers drew the mask only because it cannot
-        # rule out packed sequences in a graph. Checked (on the device) to be the plain causal
-        # mask over all N keys, it becomes None: every layer runs the causal forward kernel
-        # with no key counts, as the eager prefill does.
-        torch._assert_async((lengths == kv_length).all(), _NOT_CAUSAL_PREFIX)
-        return None
-    return lengths
+    left = None if local_size is None else local_size - 1
+    plain_prefill = (torch.compiler.is_compiling() and attention_mask is None
+                     and q_length == kv_length
+                     and not any(isinstance(x, torch.Tensor) for x in (q_offset, kv_offset))
+                     and q_offset == kv_offset == 0)
+    # A compiled prefill with no cache: transformers drew the mask only because it cannot rule
+    # out packed sequences in a graph. Checked (on the device) to be the plain causal mask over
+    # all N keys, it becomes None: every layer runs the causal forward kernel with no key
+    # ranges, as the eager prefill does.
+    return _keys_in_mask(mask, q_length, kv_length, left, plain=plain_prefill)[0]
 
 
-_NOT_CAUSAL_PREFIX = (
-    "course_kernels supports causal attention without padding only: this attention mask has "
-    "padded tokens, packed sequences or a sliding window. Use attn_implementation='sdpa' for "
-    "such batches (or batch sequences of equal length).")
-# The last mask checked eagerly: (weak ref to the mask, its version, weak ref to L_b (B, 1, 1, 1),
-# (min L_b, max L_b)). That L_b is the tensor course_attention_mask hands every layer, so a layer
-# finds its range by identity. Weak references: a tensor kept alive here from one ``generate``
-# to the next holds a block of PyTorch's caching allocator, the next static cache's tensors then
-# get other addresses, and a compiled decode step records its CUDA graph anew (its inputs moved).
-_checked_mask: tuple = (None, -1, None, None)
+_REFUSED = (
+    "course_kernels serves causal attention over one run of real tokens per sequence (left or "
+    "right padding, a static cache's unused slots, a sliding window): this attention mask has "
+    "packed sequences, holes in a sequence's padding mask, chunked attention or another "
+    "pattern. Use attn_implementation='sdpa' for such batches.")
+# The last mask checked eagerly: (weak ref to the mask, its version, the window it was checked
+# with, weak ref to the key tensor made from it, (min L_b, max L_b) or None). That tensor is what
+# course_attention_mask hands every layer, so a layer finds its range by identity. Weak
+# references: a tensor kept alive here from one ``generate`` to the next holds a block of
+# PyTorch's caching allocator, the next static cache's tensors then get other addresses, and a
+# compiled decode step records its CUDA graph anew (its inputs moved).
+_checked_mask: tuple = (None, -1, None, None, None)
 
 
-def _remember(mask, lengths: torch.Tensor, length_range) -> None:
+def _remember(mask, keys: torch.Tensor, length_range, left=None) -> None:
     global _checked_mask
     _checked_mask = (None if mask is None else weakref.ref(mask),
-                     -1 if mask is None else _version(mask), weakref.ref(lengths), length_range)
+                     -1 if mask is None else _version(mask), left, weakref.ref(keys),
+                     length_range)
 
 
 def _remembered_range(lengths: torch.Tensor):
-    ref = _checked_mask[2]
-    return _checked_mask[3] if ref is not None and ref() is lengths else None
+    ref = _checked_mask[3]
+    return _checked_mask[4] if ref is not None and ref() is lengths else None
 
 
 def _version(t: torch.Tensor):
@@ -187,74 +277,150 @@ def _version(t: torch.Tensor):
     return None if t.is_inference() else t._version
 
 
-def _keys_in_use(mask: torch.Tensor, n_q: int, n_k: int):
-    """(L_b (B, 1, 1, 1) int32, (min L_b, max L_b)) if ``mask`` is causal over the first L_b keys
-    of each sequence; else raise. Under ``torch.compile`` the range is None.
+def _run(flags: torch.Tensor):
+    """(first, one past the last) index of the True entries of each row of flags (B, N), on the
+    device; (0, 0) for a row with none."""
+    n = flags.shape[-1]
+    idx = torch.arange(n, device=flags.device)
+    end = torch.where(flags, idx + 1, 0).amax(-1)
+    first = torch.minimum(torch.where(flags, idx, n).amin(-1), end)
+    return first, end
+
+
+def _ranges(q_lo, q_hi, k_lo, k_hi) -> torch.Tensor:
+    """The ranges form of the keys in use, (B, 1, 1, 4) int32."""
+    return torch.stack([q_lo, q_hi, k_lo, k_hi], -1).to(torch.int32).view(-1, 1, 1, 4)
+
+
+def _ranges_of_lengths(lengths: torch.Tensor, n_q: int) -> torch.Tensor:
+    """The key counts L_b (B,) as ranges: every query real, keys [0, L_b)."""
+    zeros = torch.zeros_like(lengths)
+    return _ranges(zeros, zeros + n_q, zeros, lengths)
+
+
+def _keys_in_mask(mask: torch.Tensor, n_q: int, n_k: int, left=None, plain: bool = False):
+    """(keys, (min L_b, max L_b) or None) for a 4D mask: keys = the L_b (B, 1, 1, 1) int32 if
+    ``mask`` is causal over the first L_b keys of each sequence, else the ranges (B, 1, 1, 4)
+    if it is causal over keys [k_lo, k_hi) for the queries [q_lo, q_hi) (the rows that see some
+    key), bottom-right aligned; with ``left``, also a sliding window of left + 1 keys. Anything
+    else raises ``NotImplementedError``. ``plain`` (compiled prefill): the mask must be plain
+    causal over all keys, and the keys are None.
 
     mask (B or 1, 1 or H, N_q, N_k): boolean (True = attend) or additive float (0 = attend).
-    The counts are computed on the device. Eagerly, the check that the mask has that pattern
-    and the lengths' range are read back together, once per mask (every layer of a forward
-    shares it: one synchronisation per forward, not one per layer); under ``torch.compile`` the
-    check is a device-side assertion, so the compiled graph reads nothing back.
+    Computed on the device. Eagerly, the check, the form and the lengths' range are read back
+    together, once per mask (every layer of a forward shares it: one synchronisation per
+    forward, not one per layer); under ``torch.compile`` the check is a device-side assertion
+    and the form is the ranges, so the compiled graph reads nothing back.
     """
     if mask.ndim != 4 or mask.shape[-2:] != (n_q, n_k):
         raise NotImplementedError(
             f"course_kernels: unexpected attention mask of shape {tuple(mask.shape)}; expected "
             f"(B, 1, {n_q}, {n_k})")
     compiling = torch.compiler.is_compiling()
-    ref_mask, version, ref_lengths, length_range = _checked_mask
+    ref_mask, version, checked_left, ref_keys, length_range = _checked_mask
     if (not compiling and ref_mask is not None and ref_mask() is mask
-            and version == _version(mask) and ref_lengths() is not None):
-        return ref_lengths(), length_range
+            and version == _version(mask) and checked_left == left and ref_keys() is not None):
+        return ref_keys(), length_range
     allowed = mask if mask.dtype == torch.bool else mask == 0
-    lengths = allowed[:, 0, -1, :].sum(-1, dtype=torch.int32)  # (B,) keys seen by the last query
+    first_row = allowed[:, 0]  # (B, N_q, N_k)
+    q_lo, q_hi = _run(first_row.any(-1))  # (B,): the queries that see some key
+    k_lo, k_hi = _run(first_row.any(-2))  # (B,): the keys that some query sees
     i = torch.arange(n_q, device=mask.device)[:, None]  # (N_q, 1)
     j = torch.arange(n_k, device=mask.device)[None, :]  # (1, N_k)
-    expected = j <= lengths[:, None, None] - n_q + i  # (B, N_q, N_k): causal on L_b keys
+    p = i + (k_hi - q_hi)[:, None, None]  # (B, N_q, 1): query i's key position, bottom-right
+    expected = ((i >= q_lo[:, None, None]) & (i < q_hi[:, None, None]) & (j <= p)
+                & (j >= k_lo[:, None, None]) & (j < k_hi[:, None, None]))  # (B, N_q, N_k)
+    if left is not None:
+        expected &= j >= p - left
     ok = (allowed == expected[:, None]).all()
+    simple = ((q_lo == 0) & (q_hi == n_q) & (k_lo == 0)).all()
+    if plain:
+        torch._assert_async(ok & simple & (k_hi == n_k).all(), _REFUSED)
+        return None, None
     if compiling:
-        torch._assert_async(ok, _NOT_CAUSAL_PREFIX)
-        return lengths.view(-1, 1, 1, 1), None
-    ok, lo, hi = torch.stack([ok.to(torch.int32), lengths.min(), lengths.max()]).tolist()
+        torch._assert_async(ok, _REFUSED)
+        return _ranges(q_lo, q_hi, k_lo, k_hi), None
+    ok, simple, lo, hi = torch.stack([ok.to(torch.int64), simple.to(torch.int64), k_hi.min(),
+                                      k_hi.max()]).tolist()
     if not ok:
-        raise NotImplementedError(_NOT_CAUSAL_PREFIX)
-    lengths = lengths.view(-1, 1, 1, 1)  # as course_attention_mask hands it to every layer
-    _remember(mask, lengths, (lo, hi))
-    return lengths, (lo, hi)
+        raise NotImplementedError(_REFUSED)
+    if simple:
+        keys, length_range = k_hi.to(torch.int32).view(-1, 1, 1, 1), (lo, hi)
+    else:
+        keys, length_range = _ranges(q_lo, q_hi, k_lo, k_hi), None
+    _remember(mask, keys, length_range, left)
+    return keys, length_range
 
 
-def _keys_seen(batch_size: int, n_q: int, q_offset, device) -> torch.Tensor:
-    """L_b = q_offset + N_q for every sequence, as the (B, 1, 1, 1) int32 tensor the layers
-    get. ``generate`` with a static cache asks for a mask eagerly before every step, the
+def _keys_seen(batch_size: int, n_q: int, q_offset, kv_offset: int, device) -> torch.Tensor:
+    """L_b = q_offset + N_q - kv_offset for every sequence, as the (B, 1, 1, 1) int32 tensor the
+    layers get. ``generate`` with a static cache asks for a mask eagerly before every step, the
     compiled ones included, with its position as a tensor: computed on the device, nothing is
     read back (drawing the 4D mask and checking it launched about twenty small kernels and
     read the result back, every step)."""
     if isinstance(q_offset, torch.Tensor):
-        seen = (q_offset.reshape(-1)[:1] + n_q).to(device=device or q_offset.device,
-                                                   dtype=torch.int32)
+        seen = (q_offset.reshape(-1)[:1] + n_q - kv_offset).to(device=device or q_offset.device,
+                                                               dtype=torch.int32)
         return seen.view(1, 1, 1, 1).expand(batch_size, 1, 1, 1).contiguous()
-    return _all_lengths(batch_size, q_offset + n_q, device)
+    return _all_lengths(batch_size, q_offset + n_q - kv_offset, device)
 
 
-def _keys_without_padding(batch_size: int, n_q: int, q_offset, padding_mask: torch.Tensor):
-    """L_b = L for every sequence, as a (B, 1, 1, 1) int32 tensor, if the 2D mask (B, L) has no
-    padding and covers exactly the q_offset + N_q tokens seen; else None (the caller then draws
-    the 4D mask and checks it). Eager only: one read-back, of one flag.
+def _keys_of_padding_mask(n_q: int, n_k: int, q_offset, kv_offset: int,
+                          padding_mask: torch.Tensor, windowed: bool = False):
+    """The keys each sequence uses, from the 2D padding mask (B, T) (True: a real token) over the
+    q_offset + N_q tokens seen (a mask longer than that, as long as a static cache, has a tail
+    that no query sees); the cache holds the tokens from kv_offset on (a sliding layer's cache
+    drops the oldest). Each sequence's real tokens must be one run [s_b, e_b): left padding,
+    right padding or both; holes raise ``NotImplementedError``.
+
+    Returns None if every sequence uses every key (no padding in the cache, N_q the last
+    tokens); the key counts L_b = e_b - kv_offset (B, 1, 1, 1) if no sequence has padding
+    inside the cache on the left and either none is padded on the right or a single query (a
+    decode step; not ``windowed``: a window is aligned on the query's own position) sees them
+    all; else the ranges (B, 1, 1, 4): queries of positions [s_b, e_b) among the N_q, keys of
+    those positions in the cache. Eagerly this reads back one small vector, once per forward;
+    under ``torch.compile`` nothing (the check is a device-side assertion, the form the ranges).
 
     transformers 5.17's ``generate`` keeps an all-ones 2D mask (5.24 drops it before the first
     step) and, with a static cache, asks for the mask with it before every step, the compiled
-    ones included. Drawing the 4D mask over the whole cache and checking it took about twenty
-    small kernels and a read-back per token; this is at most five and a read-back of one flag."""
-    n_seen = padding_mask.shape[-1]
-    if isinstance(q_offset, torch.Tensor):  # a static cache's position, on the device
-        ok = padding_mask.all() & (q_offset.reshape(-1)[0] + n_q == n_seen)
-    elif q_offset + n_q == n_seen:
-        ok = padding_mask.all()
+    ones included: a handful of small kernels and one read-back, not the 4D mask drawn over the
+    whole cache (about twenty kernels)."""
+    compiling = torch.compiler.is_compiling()
+    device = padding_mask.device
+    n_tokens = padding_mask.shape[-1]
+    idx = torch.arange(n_tokens, device=device)
+    seen = q_offset + n_q
+    if isinstance(seen, torch.Tensor):
+        seen = seen.reshape(-1)[:1].to(device)  # (1,)
+        real = padding_mask & (idx < seen)
     else:
-        return None
-    if not ok.item():  # the read-back
-        return None
-    return _all_lengths(batch_size, n_seen, padding_mask.device)
+        real = padding_mask & (idx < seen) if n_tokens > seen else padding_mask
+    n_real = real.sum(-1)  # (B,)
+    s, e = _run(real)  # (B,): the run of real tokens, if it is one
+    empty = n_real == 0
+    s = torch.where(empty, seen, s)  # no real token: every query is padding
+    e = torch.where(empty, seen, e)
+    one_run = ((n_real == e - s) | empty).all()
+    if compiling:
+        torch._assert_async(one_run, _REFUSED)
+    else:
+        lengths = (e - kv_offset).clamp(min=0)
+        no_left = (s <= kv_offset).all()  # no padding inside the cache on the left
+        no_right = (e >= seen).all()
+        flags = torch.stack([one_run.to(torch.int64), no_left.to(torch.int64),
+                             no_right.to(torch.int64), lengths.min(), lengths.max()])
+        one_run, no_left, no_right, lo, hi = flags.tolist()  # the read-back
+        if not one_run:
+            raise NotImplementedError(_REFUSED)
+        if no_left and (no_right or (n_q == 1 and not windowed)):
+            if (no_right and not isinstance(q_offset, torch.Tensor)
+                    and q_offset + n_q == kv_offset + n_k):
+                return None
+            lengths = lengths.to(torch.int32).view(-1, 1, 1, 1)
+            _remember(None, lengths, (lo, hi))
+            return lengths
+    return _ranges((s - q_offset).clamp(0, n_q), (e - q_offset).clamp(0, n_q),
+                   (s - kv_offset).clamp(0, n_k), (e - kv_offset).clamp(0, n_k))
 
 
 def _all_lengths(batch_size: int, n: int, device) -> torch.Tensor:
@@ -280,66 +446,165 @@ def _lengths_range(lengths: torch.Tensor):
     return lo, hi
 
 
+def _layer_window(module, kwargs: dict, causal: bool):
+    """The left extent of a sliding layer's window (W - 1 for ``sliding_window`` = W), or None.
+
+    transformers' sliding layers pass ``sliding_window`` to the attention function (Mistral:
+    the config's, every layer; Gemma 2 and GPT-OSS: the layer's, None on full layers); a layer
+    that does not may carry it as an attribute. Its causal mask function lets query t see keys
+    t - W < j <= t (``sliding_window_overlay``): left = W - 1, right = 0."""
+    if "sliding_window" in kwargs:
+        window = kwargs["sliding_window"]
+    else:  # (vars(): a missing attribute through nn.Module.__getattr__ costs an exception)
+        window = vars(module).get("sliding_window")
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise NotImplementedError(f"course_kernels: sliding_window={window!r} (layer "
+                                  f"{getattr(module, 'layer_idx', '?')}) is not a positive int")
+    if not causal:
+        raise NotImplementedError(
+            "course_kernels: a sliding window on bidirectional attention is not served (its mask, "
+            "|q - k| <= W, is another window than the causal one's)")
+    return window - 1
+
+
+def _count(route: str, window, softcap: float, sinks) -> None:
+    """Count an eager call: its route in CALLS, the variants it applied in VARIANTS."""
+    if torch.compiler.is_compiling():
+        return
+    CALLS[route] += 1
+    for name, applied in (("window", window != NO_WINDOW), ("softcap", softcap != 0.0),
+                          ("sinks", sinks is not None)):
+        if applied:
+            VARIANTS[name] += 1
+
+
+def _varlen(query, key, value, ranges, scaling, window, softcap, sinks) -> torch.Tensor:
+    """Attention over the key ranges of each sequence, (B, N_q, H, D), by ``flash_attn_varlen``
+    and no read-back.
+
+    The (B, N, H, D) rows of the batch are packed sequences as they lie: sequence b's rows split
+    into three pieces, [0, q_lo) x [0, k_lo) (padding before), [q_lo, q_hi) x [k_lo, k_hi) (the
+    real tokens) and [q_hi, N_q) x [k_hi, N_k) (padding after, or a static cache's unused
+    slots), so the offsets come from the ranges on the device and every shape is static:
+    ``max_seqlen`` = N_q and N_k bound every piece. The padding's pieces attend among themselves
+    (their outputs are not specified); an empty piece costs nothing. K and V are copied into
+    the packed layout (as FlashAttention's transformers integration gathers them)."""
+    B, H, n_q, D = query.shape
+    H_kv, n_k = key.shape[1], key.shape[2]
+    q_lo, q_hi, k_lo, k_hi = ranges.view(-1, 4).expand(B, 4).unbind(-1)  # (B,) each
+    rows = torch.arange(B, device=query.device, dtype=torch.int32)
+    zero = rows[:1] * 0
+
+    def offsets(lo, hi, n):  # (3B + 1,) int32
+        start = rows * n
+        return torch.cat([zero, torch.stack([start + lo, start + hi, start + n], -1).flatten()])
+
+    cu_q, cu_k = offsets(q_lo, q_hi, n_q), offsets(k_lo, k_hi, n_k)
+    q = query.transpose(1, 2).reshape(B * n_q, H, D)  # a view when q is (B, N_q, H, D) in memory
+    k = key.transpose(1, 2).reshape(B * n_k, H_kv, D)  # the cache is (B, H_kv, N_k, D): a copy
+    v = value.transpose(1, 2).reshape(B * n_k, H_kv, D)
+    _count("varlen", window, softcap, sinks)
+    out = flash_attn_varlen(q, k, v, cu_q, cu_k, n_q, n_k, causal=True, sm_scale=scaling,
+                            window_size=window, softcap=softcap, sinks=sinks, validate=False)
+    return out.view(B, n_q, H, D)
+
+
+def _decode(query, key, value, lengths, scaling, window, softcap, sinks) -> torch.Tensor:
+    """A decode step, (B, H, N_q, D), by ``flash_decode``: split-KV, causal among the N_q
+    queries (the last ones of each sequence's L_b keys, or of N_k), with the variants that
+    apply. A window (W - 1, 0) reads only its band of the cache: about W + N_q keys per
+    sequence. The variants' keywords are passed only where one applies: a call at the defaults
+    is the plain one, which ``flash_decode`` repeats with no checks from the second layer on."""
+    variants = {}
+    if window != NO_WINDOW:
+        variants["window_size"] = window
+    if softcap != 0.0:
+        variants["softcap"] = softcap
+    if sinks is not None:
+        variants["sinks"] = sinks
+    _count("decode", window, softcap, sinks)
+    return flash_decode(query, key, value, cache_seqlens=lengths, sm_scale=scaling, **variants)
+
+
 def course_attention_forward(module, query, key, value, attention_mask, scaling=None,
                              dropout=0.0, **kwargs):
     """transformers' attention-function signature, served by the course's Triton kernels.
 
     query (B, H, N_q, D); key, value (B, H_kv, N_k, D), the whole cache after this step's
     update. Returns (attn_output (B, N_q, H, D), None): no attention weights are ever formed.
-    Traceable by ``torch.compile(fullgraph=True)``: the kernels are the operators
-    ``course::flash_attn_fwd`` and ``course::flash_decode``, and under compilation nothing is
-    read back from the device.
+    The variants come as transformers passes them: ``sliding_window`` W (``_layer_window``:
+    window_size = (W - 1, 0), applied only where it hides a key), ``softcap`` (Gemma 2: c·tanh(s
+    / c) on the scaled scores), ``s_aux`` (GPT-OSS's sinks, a per-head logit, cast to fp32; its
+    gradient flows back), ``scaling`` (Gemma 2's query_pre_attn_scalar^-0.5). Traceable by
+    ``torch.compile(fullgraph=True)``: the kernels are ``torch.library`` operators, and under
+    compilation nothing is read back from the device.
     """
     if dropout:
         raise NotImplementedError("course_kernels has no attention dropout: call model.eval() "
                                   "or set config.attention_dropout = 0")
-    for name in ("softcap", "s_aux", "sliding_window"):
-        if kwargs.get(name) is not None:
-            raise NotImplementedError(f"course_kernels does not support {name}={kwargs[name]!r}")
-    # (vars(): a missing attribute through nn.Module.__getattr__ costs an exception per layer)
-    if vars(module).get("sliding_window") is not None:
-        raise NotImplementedError(
-            f"course_kernels does not support sliding-window attention (layer "
-            f"{getattr(module, 'layer_idx', '?')} has sliding_window={module.sliding_window})")
     is_causal = kwargs.get("is_causal")
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
-    n_q, n_k = query.shape[2], key.shape[2]
+    B, n_q, n_k = query.shape[0], query.shape[2], key.shape[2]
     compiling = torch.compiler.is_compiling()
+    left = _layer_window(module, kwargs, causal)
+    softcap = float(kwargs.get("softcap") or 0.0)
+    sinks = kwargs.get("s_aux")
+    if sinks is not None:
+        sinks = sinks.float()  # (H,): the kernels keep the softmax in fp32
 
-    lengths = None
+    def window_for(n_keys):  # a window that hides no key (the last query's key position,
+        # n_keys - 1, minus left is <= 0) is left out: the plain kernels serve the call
+        return (left, 0) if left is not None and n_keys - 1 > left else NO_WINDOW
+
+    lengths = ranges = length_range = None
     if attention_mask is not None:
         if not causal:
             raise NotImplementedError("course_kernels: a mask on non-causal attention (padding) "
                                       "is not supported")
-        if attention_mask.dtype == torch.int32:  # L_b from course_attention_mask (checked)
-            lengths, length_range = attention_mask, None  # the range: read when needed
+        if attention_mask.dtype == torch.int32:  # from course_attention_mask (checked there)
+            keys = attention_mask
         else:  # a mask made elsewhere (a 4D mask passed to the model): checked here
-            lengths, length_range = _keys_in_use(attention_mask, n_q, n_k)
-        lengths = lengths.view(-1).expand(query.shape[0])  # (B,)
-
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+            keys, length_range = _keys_in_mask(attention_mask, n_q, n_k, left)
+        if keys.shape[-1] == 4:
+            ranges = keys
+        else:
+            lengths = keys.view(-1).expand(B)  # (B,)
+    variant = window_for(n_k) != NO_WINDOW or softcap != 0.0 or sinks is not None
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (query, key, value, sinks))
+    # a decode step, with or without the layer's variants (flash_decode has them all)
     decode = (n_q <= DECODE_MAX_QUERIES and n_k > n_q and (causal or n_q == 1)
               and not needs_grad)
-    if decode or (lengths is not None and compiling and not needs_grad):
-        # A compiled prefill into a static cache cannot cut the cache to the keys in use (a
-        # length read back from the device): flash_decode takes the lengths as a tensor.
-        if not compiling:
-            CALLS["decode"] += 1
-        out = flash_decode(query, key, value, cache_seqlens=lengths, sm_scale=scaling)
+    if ranges is not None:
+        return _varlen(query, key, value, ranges, scaling, window_for(n_k), softcap, sinks), None
+    if lengths is not None and (decode or compiling):
+        if decode or (not needs_grad and not variant):
+            # A compiled prefill into a static cache cannot cut the cache to the keys in use (a
+            # length read back from the device): flash_decode takes the lengths as a tensor.
+            # Its window is aligned on each sequence's L_b, so the whole cache's N_k decides
+            # only whether one is passed (a window that hides no key of N_k hides none of L_b).
+            out = _decode(query, key, value, lengths, scaling, window_for(n_k), softcap, sinks)
+            return out.transpose(1, 2).contiguous(), None
+        # compiled, a prefill with a variant or a step with a gradient: the ranges, on the device
+        ranges = _ranges_of_lengths(lengths, n_q)
+        return _varlen(query, key, value, ranges, scaling, window_for(n_k), softcap, sinks), None
+    if lengths is not None:  # eager: cut the cache to the keys in use
+        lo, n_used = length_range or _lengths_range(attention_mask)  # read back once per mask
+        if lo != n_used:  # sequences of different lengths: the ranges
+            return _varlen(query, key, value, _ranges_of_lengths(lengths, n_q), scaling,
+                           window_for(n_k), softcap, sinks), None
+        key, value, n_k = key[:, :, :n_used], value[:, :, :n_used], n_used  # static cache
+    window = window_for(n_k)
+    if decode:
+        out = _decode(query, key, value, None, scaling, window, softcap, sinks)
+    elif window != NO_WINDOW or softcap != 0.0 or sinks is not None:
+        _count("variants", window, softcap, sinks)
+        out = flash_attn_v2(query, key, value, causal=causal, sm_scale=scaling,
+                            window_size=window, softcap=softcap, sinks=sinks)
     else:
-        if lengths is not None:
-            if compiling:
-                raise NotImplementedError("course_kernels: a gradient through a masked "
-                                          "(static-cache) attention is not supported")
-            # read back once per mask, not once per layer
-            lo, n_used = length_range or _lengths_range(attention_mask)
-            if lo != n_used:
-                raise NotImplementedError(
-                    "course_kernels: sequences of different lengths in one prefill (padding) are "
-                    "not supported")
-            key, value = key[:, :, :n_used], value[:, :, :n_used]  # static cache: used part
-        if not compiling:
-            CALLS["prefill"] += 1
+        _count("prefill", window, softcap, sinks)
         out = flash_attn_v2(query, key, value, causal=causal, sm_scale=scaling)  # (B, H, N_q, D)
     # O is laid out as q is, (B, N_q, H, D) in memory (ops.flash_attn_v2): no copy here
     return out.transpose(1, 2).contiguous(), None  # (B, N_q, H, D)
@@ -390,10 +655,50 @@ def llama_1b_config(**overrides) -> LlamaConfig:
     return LlamaConfig(**cfg)
 
 
+SMALL_WINDOW = 8  # the sliding window of small_config's models, shorter than the tests' prompts
+
+
+def small_config(family: str = "llama", **overrides):
+    """A tiny config of an open model family whose attention ``course_attention_forward``
+    serves, small enough for Triton's interpreter: 2 layers, hidden 64, 4 heads and 2 KV heads
+    (GQA) of D = 16, a vocabulary of 128, weights drawn with std 0.1 (see ``small_llama_config``).
+
+    * ``"llama"``: plain causal attention;
+    * ``"mistral"``: a sliding window of ``SMALL_WINDOW`` keys on every layer;
+    * ``"gemma2"``: sliding (``SMALL_WINDOW``) and global layers in turn, attention logits
+      soft-capped at 2 (Gemma 2's 50 would never bend scores this small) and scaled by
+      query_pre_attn_scalar^-0.5 = 24^-0.5, not D^-0.5;
+    * ``"gpt_oss"``: sliding and global layers in turn, learned sinks; two experts, both used by
+      every token (a top-2 of more experts flips with the last bits, and the logits jump).
+    """
+    from transformers import Gemma2Config, GptOssConfig, MistralConfig
+
+    cfg = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.1,
+               max_position_embeddings=256, tie_word_embeddings=False, bos_token_id=None,
+               eos_token_id=None, pad_token_id=None)
+    family_cfg = {
+        "llama": (LlamaConfig, {}),
+        "mistral": (MistralConfig, dict(sliding_window=SMALL_WINDOW)),
+        "gemma2": (Gemma2Config, dict(sliding_window=SMALL_WINDOW, attn_logit_softcapping=2.0,
+                                      query_pre_attn_scalar=24)),
+        "gpt_oss": (GptOssConfig, dict(sliding_window=SMALL_WINDOW, num_local_experts=2,
+                                       num_experts_per_tok=2,
+                                       max_position_embeddings=4096 * 32)),  # (its YaRN's)
+    }
+    if family not in family_cfg:
+        raise ValueError(f"family must be one of {sorted(family_cfg)}, got {family!r}")
+    config_class, extra = family_cfg[family]
+    cfg.update(extra)
+    cfg.update(overrides)
+    return config_class(**cfg)
+
+
 def make_llama(config: LlamaConfig, attn_implementation: str = ATTN_IMPLEMENTATION,
                dtype=torch.float32, device=None, seed: int = 0) -> LlamaForCausalLM:
-    """A LLaMA with seeded random weights, in eval mode. Switch attention later with
-    ``model.set_attn_implementation(name)``: same weights, another kernel."""
+    """A LLaMA (or the model of any config, ``small_config``) with seeded random weights, in
+    eval mode. Switch attention later with ``model.set_attn_implementation(name)``: same
+    weights, another kernel."""
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
     model.generation_config.pad_token_id = model.generation_config.eos_token_id = None

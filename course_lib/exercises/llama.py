@@ -137,26 +137,43 @@ register(Exercise(
 # --- think-questions ------------------------------------------------------------------------
 register(Question(
     name="q14_padding", lesson="14_llama_capstone",
-    asks="Which kernel could handle a right-padded cache today, with which argument, and why "
-         "is left padding harder? What would flash_attn_v2 need for prompts of different "
-         "lengths without padding?",
+    asks="course_lib.hf serves a left-padded batch by handing flash_attn_varlen three pieces per "
+         "sequence, the padding included. Why not pack only the real tokens: what would that "
+         "cost, eagerly and under torch.compile? And why is a padding mask with a hole still "
+         "refused: what would it take to serve one?",
     answer=(
-        "flash_decode (and paged_decode): cache_seqlens gives each sequence its own length "
-        "L_b, and keys at positions ≥ L_b are masked. A right-padded cache is exactly that — "
-        "sequence b's keys at positions 0 … L_b − 1, padding after them — and the causal "
-        "alignment of the N_q new queries (query i sees keys j ≤ L_b − N_q + i) is computed "
-        "from L_b, so it stays right.\n\n"
-        "Left padding puts the padding first: sequence b's keys start at some position "
-        "start_b > 0. The kernel would need a per-sequence start as well as an end, a mask "
-        "for j < start_b in every tile (and, to save the work, a loop that begins at "
-        "start_b). The model's side changes too: the rotary positions of a left-padded "
-        "sequence are shifted by start_b, and transformers then draws a mask that is not "
-        "causal over the first L_b keys — which is why course_attention_mask refuses it.\n\n"
-        "For prompts of different lengths without any padding, flash_attn_v2 would need the "
-        "'varlen' interface of FlashAttention: the sequences packed one after another into "
-        "one (total_tokens, H, D) tensor, with cumulative offsets cu_seqlens (B + 1 integers) "
-        "telling each program where its sequence starts and ends; each program then finds "
-        "its sequence and its query block from those offsets, and masks keys outside it."),
+        "Packing only the real tokens needs their number, a value held in the mask: the "
+        "packed tensors' length would have to be read back to the host before a layer could "
+        "allocate them, and under torch.compile a shape that depends on a tensor's values "
+        "breaks the graph or specialises it to each total, while a CUDA graph replays fixed "
+        "shapes only. It also needs a gather of the real rows of Q, K and V and a scatter of "
+        "O back into (B, N_q, H, D).\n\n"
+        "Cutting the rows where they lie avoids that. The batch's (B, N_q, H, D) query rows, "
+        "flattened, are already packed sequences: sequence b's rows b·N_q + [0, q_lo), b·N_q "
+        "+ [q_lo, q_hi) and b·N_q + [q_hi, N_q) are its padding before, its real tokens and "
+        "its padding after (its key rows likewise, with k_lo, k_hi and N_k). The offsets "
+        "cu_seqlens are arithmetic on the four numbers of the ranges, done on the device, "
+        "and every shape is set by B, N_q and N_k (max_seqlen = N_q and N_k bound every "
+        "piece). "
+        "So the layers read nothing back, nor does a compiled graph (a check of the mask "
+        "inside it is a device-side assertion); eagerly, the mask function reads a few flags "
+        "back once per forward. O comes out as (B·N_q, H, D), already in place; K and V "
+        "are still copied into the packed layout, because the cache is (B, H_kv, N_k, D). The "
+        "price is the padding's own pieces, which attend among themselves (outputs nobody "
+        "reads): in a left-padded prompt, a q_lo × k_lo causal block per sequence; in a "
+        "decode step nothing, since the one query is real and the padding's query pieces are "
+        "empty.\n\n"
+        "A hole (right padding followed by generated tokens, or tokens masked out in the "
+        "middle) splits a sequence's real tokens into two runs. A query then sees a union of "
+        "runs of keys, and a packed sequence is one run: each query row belongs to exactly "
+        "one piece and sees keys of that piece only. The course's kernels mask by position "
+        "alone (causal, a window, a sequence's start and end), never key by key. Serving a "
+        "hole takes either a mask the kernel reads key by key (a tile of the boolean mask "
+        "loaded beside each K tile, as a masked SDPA call reads its mask; FlexAttention "
+        "generates such a kernel from a mask_mod), or a cache compacted so that the real "
+        "keys form one run again (a gather whose indices depend on the mask). Until then "
+        "course_attention_mask raises NotImplementedError: a silently wrong answer is worse "
+        "than none."),
 ))
 
 def _route_answer() -> str:

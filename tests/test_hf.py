@@ -648,14 +648,14 @@ def test_mistral_generation_past_the_window_with_padding_in_the_window(families)
             ids, mask = _ids(1, 6, seed=2, vocab=128), None  # (its tokens 4-6 need the window)
         kw = dict(attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
                   pad_token_id=0)
-        extra = dict(cache=DynamicCache()) if full_cache else {}
+        extra = dict(past_key_values=DynamicCache()) if full_cache else {}
         with torch.inference_mode():
             model.set_attn_implementation("eager")
             want = model.generate(ids, **kw, **extra)[:, ids.shape[1]:]
             model.set_attn_implementation(hf.ATTN_IMPLEMENTATION)
             hf.CALLS.clear()
             hf.VARIANTS.clear()
-            extra = dict(cache=DynamicCache()) if full_cache else {}
+            extra = dict(past_key_values=DynamicCache()) if full_cache else {}
             got = model.generate(ids, **kw, **extra)[:, ids.shape[1]:]
         print("padded" if padded else "no padding", "full cache" if full_cache else
               "sliding cache", got.tolist(), dict(hf.CALLS), dict(hf.VARIANTS))

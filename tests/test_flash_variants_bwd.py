@@ -34,23 +34,6 @@ VARIANTS = {  # name: (causal, window_size, softcap, alibi, sinks)
 VARLEN_VARIANTS = {"causal": (True, (-1, -1), 0.0, False, False)}
 
 
-@pytest.fixture
-def poisoned_allocations(monkeypatch):
-    """Every tensor the forward and backward allocate starts as NaN."""
-    real_empty, real_empty_like = torch.empty, torch.empty_like
-
-    def empty(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    def empty_like(*args, **kwargs):
-        t = real_empty_like(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", empty)
-    monkeypatch.setattr(torch, "empty_like", empty_like)
-
-
 def _extras(name, B, H, device):
     causal, window, softcap, alibi, sinks = VARIANTS.get(name) or VARLEN_VARIANTS[name]
     g = torch.Generator().manual_seed(len(name))

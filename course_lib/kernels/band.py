@@ -9,7 +9,8 @@ Introduced in notebooks/15_attention_variants.ipynb.
   (``masks.block_key_range``; a test holds the two together);
 * ``_key_limits``: the keys each query row sees as two bounds, j_lo <= j <= j_hi
   (``masks.key_bounds``), for the masked tiles;
-* ``_tanh``, ``_variant_scores``: softcap and ALiBi on a tile of raw scores, in q·k's units.
+* ``_tanh``, ``_variant_scores``: softcap and ALiBi on a tile of raw scores, in q·k's units;
+* ``_sequence``: where sequence b of packed sequences (varlen) starts, and its lengths.
 
 Speed: not benchmarked on its own; the kernels that use it state theirs.
 """
@@ -79,3 +80,19 @@ def _variant_scores(qk, offs_m, offs_n, q_offset, sm_scale, softcap, slope,
         dist = tl.abs(offs_m[:, None] + q_offset - offs_n[None, :]).to(tl.float32)
         s = s - (slope / sm_scale) * dist
     return s
+
+
+@triton.jit
+def _sequence(CU_Q, CU_K, b, N_Q, N_K, VARLEN: tl.constexpr):
+    """(q_start, k_start, N_Q, N_K) of sequence b. With VARLEN (packed sequences, FlashAttention's
+    layout) it is rows CU_Q[b] : CU_Q[b + 1] of q and CU_K[b] : CU_K[b + 1] of k and v; without,
+    every sequence starts at row 0 and has the lengths given."""
+    if VARLEN:
+        q_start = tl.load(CU_Q + b).to(tl.int64)
+        k_start = tl.load(CU_K + b).to(tl.int64)
+        N_Q = (tl.load(CU_Q + b + 1) - q_start).to(tl.int32)
+        N_K = (tl.load(CU_K + b + 1) - k_start).to(tl.int32)
+    else:
+        q_start = b.to(tl.int64) * 0
+        k_start = q_start
+    return q_start, k_start, N_Q, N_K

@@ -56,6 +56,7 @@ from course_lib.kernels.band import (  # noqa: F401 (re-exported: lesson 15 prin
     GPU_TANH,
     _band_bounds,
     _key_limits,
+    _sequence,
     _tanh,
     _variant_scores,
 )
@@ -107,14 +108,7 @@ def _flash_fwd_variants_kernel(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_ok = offs_d[None, :] < HEAD_DIM
-    if VARLEN:  # packed sequences: sequence b is rows CU_Q[b] : CU_Q[b + 1] (and CU_K for keys)
-        q_start = tl.load(CU_Q + b).to(tl.int64)
-        k_start = tl.load(CU_K + b).to(tl.int64)
-        N_Q = (tl.load(CU_Q + b + 1) - q_start).to(tl.int32)
-        N_K = (tl.load(CU_K + b + 1) - k_start).to(tl.int32)
-    else:
-        q_start = b.to(tl.int64) * 0
-        k_start = q_start
+    q_start, k_start, N_Q, N_K = _sequence(CU_Q, CU_K, b, N_Q, N_K, VARLEN)  # (packed: its rows)
     q_base = Q + b.to(tl.int64) * stride_qb + q_start * stride_qm + h.to(tl.int64) * stride_qh
     k_base = K + b.to(tl.int64) * stride_kb + k_start * stride_kn + h_kv.to(tl.int64) * stride_kh
     v_base = V + b.to(tl.int64) * stride_vb + k_start * stride_vn + h_kv.to(tl.int64) * stride_vh

@@ -56,7 +56,7 @@ from course_lib.kernels.attention_common import (
     dot_precision,
     interpreter_errstate,
 )
-from course_lib.kernels.band import GPU_TANH, _band_bounds, _key_limits, _tanh
+from course_lib.kernels.band import GPU_TANH, _band_bounds, _key_limits, _sequence, _tanh
 from course_lib.kernels.flash_bwd import (
     DKDV_CONFIGS,
     DQ_CONFIGS,
@@ -169,14 +169,7 @@ def _bwd_dkdv_variants_kernel(
     split = pid_bhs // n_bhkv
     b = (pid_bhs % n_bhkv) // H_KV
     hk = pid_bhs % H_KV
-    if VARLEN:
-        q_start = tl.load(CU_Q + b).to(tl.int64)
-        k_start = tl.load(CU_K + b).to(tl.int64)
-        N_Q = (tl.load(CU_Q + b + 1) - q_start).to(tl.int32)
-        N_K = (tl.load(CU_K + b + 1) - k_start).to(tl.int32)
-    else:
-        q_start = b.to(tl.int64) * 0
-        k_start = q_start
+    q_start, k_start, N_Q, N_K = _sequence(CU_Q, CU_K, b, N_Q, N_K, VARLEN)
     start_n = pid_n * BLOCK_N
     HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
@@ -259,14 +252,7 @@ def _bwd_dq_variants_kernel(
     HAS_ALIBI: tl.constexpr, VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pid_m, pid_bh, b, h, hk = _q_block_program(H, H // H_KV, LONGEST_FIRST)
-    if VARLEN:
-        q_start = tl.load(CU_Q + b).to(tl.int64)
-        k_start = tl.load(CU_K + b).to(tl.int64)
-        N_Q = (tl.load(CU_Q + b + 1) - q_start).to(tl.int32)
-        N_K = (tl.load(CU_K + b + 1) - k_start).to(tl.int32)
-    else:
-        q_start = b.to(tl.int64) * 0
-        k_start = q_start
+    q_start, k_start, N_Q, N_K = _sequence(CU_Q, CU_K, b, N_Q, N_K, VARLEN)
     start_m = pid_m * BLOCK_M
     HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD

@@ -96,14 +96,25 @@ def test_widget_redraws_and_greys_out_what_a_variant_ignores():
     assert w.message.value == "" and w.image.value != before
 
 
-def test_sink_share_is_the_closed_form():
+def test_sink_share_is_the_closed_form_and_the_reference():
+    import torch
+
     from course_lib.diagrams.variants import alibi_slopes, sink_share
+    from course_lib.reference import attention_variants
 
     top = np.array([-5.0, 0.0, 3.0])
     scores = top[:, None] - 0.5 * np.arange(8)
     for sink in (-1.0, 0.0, 2.0):
         want = np.exp(sink) / (np.exp(sink) + np.exp(scores).sum(-1))
         np.testing.assert_allclose(sink_share(top, sink), want, rtol=1e-12)
+        # the reference's exp(sink − lse): one query whose q·k are these scores (k = identity)
+        q = torch.tensor(scores)[None, None]  # (1, 1, rows, 8)
+        k = torch.eye(8, dtype=torch.float64)[None, None]
+        sinks = torch.tensor([sink], dtype=torch.float64)
+        _, lse = attention_variants(q, k, torch.zeros_like(k), sm_scale=1.0, sinks=sinks,
+                                    return_lse=True)
+        np.testing.assert_allclose(sink_share(top, sink), torch.exp(sinks - lse[0, 0]).numpy(),
+                                   rtol=1e-12)
     assert alibi_slopes(8).tolist() == [2.0 ** -h for h in range(1, 9)]  # Press et al., H = 8
 
 

@@ -8,7 +8,7 @@ Introduced in notebooks/15_attention_variants.ipynb (section 4). Three panels:
   H = 8 heads (Press, Smith, Lewis, "Train Short, Test Long", 2022,
   https://arxiv.org/abs/2108.12409);
 * a sink (gpt-oss): the share e^sink / (e^sink + Σ_j e^{s_j}) that a row gives to the sink as
-  its scores fall, from ``reference.attention_variants``'s lse (OpenAI, "gpt-oss-120b &
+  its scores fall, the reference's exp(sink − lse) (OpenAI, "gpt-oss-120b &
   gpt-oss-20b Model Card", 2025, https://arxiv.org/abs/2508.10925).
 """
 from __future__ import annotations
@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from course_lib import masks
-from course_lib.reference import attention_variants
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -27,17 +26,14 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 
 
 def sink_share(max_scores, sink: float = 0.0, n_keys: int = 8) -> np.ndarray:
-    """The sink's share of a row's softmax, exp(sink − lse), for rows of ``n_keys`` keys whose
-    scores are ``max_score`` − 0, −0.5, −1, ... (one row per value), via the reference's lse."""
-    m = torch.as_tensor(np.asarray(max_scores, dtype=np.float64))
-    scores = m[:, None] - 0.5 * torch.arange(n_keys, dtype=torch.float64)  # (rows, n_keys)
-    # one query whose q·k give these scores: q = the scores, k = the identity, sm_scale 1
-    q = scores[None, None]  # (1, 1, rows, n_keys)
-    k = torch.eye(n_keys, dtype=torch.float64)[None, None]
-    v = torch.zeros_like(k)  # the values do not matter here
-    sinks = torch.tensor([sink], dtype=torch.float64)
-    _, lse = attention_variants(q, k, v, sm_scale=1.0, sinks=sinks, return_lse=True)
-    return torch.exp(sinks - lse[0, 0]).numpy()
+    """The sink's share of a row's softmax, e^sink / (e^sink + Σ_j e^{s_j}), for rows of
+    ``n_keys`` keys whose scores are ``max_score`` − 0, −0.5, −1, ... (one row per value). In
+    NumPy, so that the figure does not move with PyTorch's CPU code paths; a test holds it equal
+    to ``reference.attention_variants``'s exp(sink − lse)."""
+    m = np.asarray(max_scores, dtype=np.float64)
+    scores = m[:, None] - 0.5 * np.arange(n_keys)  # (rows, n_keys)
+    lse = np.logaddexp(sink, np.logaddexp.reduce(scores, axis=-1))
+    return np.exp(sink - lse)
 
 
 def score_changes_figure(softcap: float = 50.0, heads: int = 8):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from course_lib._device import DEVICE
-from course_lib.kernels.attention_common import MAX_GRID_Y
+from course_lib.kernels.attention_common import MAX_GRID_Y, allocate_outputs
 from course_lib.kernels.flash_variants import forward_variants, forward_variants_varlen
 from course_lib.kernels.flash_variants_bwd import backward_variants, backward_variants_varlen
 from course_lib.validate import (
@@ -131,7 +131,6 @@ def _fwd(q, k, v, sm_scale, left, right, softcap, alibi_slopes, sinks):
 
 
 def _fwd_fake(q, k, v, sm_scale, left, right, softcap, alibi_slopes, sinks):
-    from course_lib.kernels.attention_common import allocate_outputs
     return allocate_outputs(q)
 
 

@@ -646,10 +646,45 @@ def facts() -> dict[str, Fact]:
                       ("dense_hopper", "flash_attn_v2 causal (auto)")):
         add(f"d08_tflops_{key}", f"{d08_t[prov]:.0f}", "08_variants",
             f"data/variants_fwd.json {prov}: TFLOP/s on the visited area")
-    for key, prov in (("", "variants"), ("_flex", "flex")):
+    tma = "variants hopper causal" in d08_t  # (runs before the TMA variants kernel had none)
+    if tma:
+        for key in ("causal", "window", "softcap", "alibi", "sinks"):  # the TMA forward
+            prov = "variants hopper " + {"window": f"window {d08_w}", "causal": "causal"}.get(
+                key, f"causal {key}")
+            add(f"d08_tflops_hopper_{key}", f"{d08_t[prov]:.0f}", "08_variants",
+                f"data/variants_fwd.json {prov}: TFLOP/s on the visited area")
+    for key, prov in (("", "variants"), ("_hopper", "variants hopper"), ("_flex", "flex")):
+        if prov == "variants hopper" and not tma:
+            continue
         add(f"d08_window_speedup{key}",
             f"{d08_ms[f'{prov} causal'] / d08_ms[f'{prov} window {d08_w}']:.2f}×", "08_variants",
             f"data/variants_fwd.json: {prov} causal ms / window ms")
+    if tma:
+        w_ms = d08_ms[f"variants hopper window {d08_w}"]
+        add("d08_window_speedup_vs_dense", f"{d08_ms['flash_attn_v2 causal (auto)'] / w_ms:.2f}×",
+            "08_variants", "data/variants_fwd.json: the dense Hopper kernel's causal ms / the TMA "
+            "variants kernel's window ms")
+        d08_h = {k: d08_t[f"variants hopper {p}"] / d08_t[f"flex {p}"] for k, p in (
+            ("causal", "causal"), ("softcap", "causal softcap"), ("alibi", "causal alibi"),
+            ("window", f"window {d08_w}"))}
+        add("d08_fwd_hopper_vs_flex", _span([d08_h[k] for k in ("causal", "softcap", "alibi")]),
+            "08_variants", "data/variants_fwd.json: the TMA variants kernel / FlexAttention "
+            "TFLOP/s, causal, softcap, ALiBi")
+        add("d08_fwd_hopper_vs_flex_window", f"{d08_h['window']:.2f}×", "08_variants",
+            "data/variants_fwd.json: the TMA variants kernel / FlexAttention TFLOP/s, window")
+        d08_dense = d08_t["flash_attn_v2 causal (auto)"]
+        add("d08_fwd_hopper_vs_dense", _span([d08_t[f"variants hopper {p}"] / d08_dense for p in (
+            "causal softcap", "causal sinks")]), "08_variants", "data/variants_fwd.json: the TMA "
+            "variants kernel / the dense Hopper kernel's causal TFLOP/s, softcap and sinks")
+        for key, p in (("alibi", "causal alibi"), ("window", f"window {d08_w}")):
+            ratio = d08_t[f"variants hopper {p}"] / d08_dense
+            add(f"d08_fwd_hopper_vs_dense_{key}", f"{ratio:.2f}×", "08_variants",
+                f"data/variants_fwd.json: the TMA variants kernel's {key} / the dense Hopper "
+                "kernel's causal TFLOP/s")
+        add("d08_ms_hopper_window", f"{d08_ms[f'variants hopper window {d08_w}']:.3f} ms",
+            "08_variants", "data/variants_fwd.json variants hopper window")
+        add("d08_ms_hopper_causal", f"{d08_ms['variants hopper causal']:.2f} ms", "08_variants",
+            "data/variants_fwd.json variants hopper causal")
     add("d08_ms_causal", f"{d08_ms['variants causal']:.2f} ms", "08_variants",
         "data/variants_fwd.json variants causal")
     add("d08_ms_window", f"{d08_ms[f'variants window {d08_w}']:.3f} ms", "08_variants",
@@ -785,6 +820,25 @@ def facts() -> dict[str, Fact]:
         f"{vt['flash_attn_v2 causal (portable)']:.0f} (portable kernel) and "
         f"{vt['flash_attn_v2 causal (auto)']:.0f} (Hopper kernel)", f"{src}flash_variants.py",
         "data/variants_fwd.json: TFLOP/s on the visited area, every provider")
+    if "variants hopper causal" in vt:
+        hop = f"variants hopper window {w}"
+        add("kdoc_var_hopper_env", env_of(var), f"{src}flash_variants_hopper.py",
+            "data/variants_fwd.json environment")
+        add("kdoc_var_hopper_speed",
+            f"causal {vt['variants hopper causal']:.0f} TFLOP/s (FlexAttention "
+            f"{vt['flex causal']:.0f}); window {w}: {vt[hop]:.0f} (FlexAttention "
+            f"{vt[f'flex window {w}']:.0f}), "
+            f"{d08_ms['variants hopper causal'] / d08_ms[hop]:.2f}x faster than its own full "
+            f"causal and {d08_ms['flash_attn_v2 causal (auto)'] / d08_ms[hop]:.2f}x faster than "
+            f"the dense Hopper kernel's; causal with softcap "
+            f"{vt['variants hopper causal softcap']:.0f} (FlexAttention "
+            f"{vt['flex causal softcap']:.0f}), with ALiBi "
+            f"{vt['variants hopper causal alibi']:.0f} (FlexAttention "
+            f"{vt['flex causal alibi']:.0f}), with sinks "
+            f"{vt['variants hopper causal sinks']:.0f}; the dense flash_attn_v2 causal "
+            f"{vt['flash_attn_v2 causal (auto)']:.0f} (Hopper kernel)",
+            f"{src}flash_variants_hopper.py", "data/variants_fwd.json: TFLOP/s on the visited "
+            "area, the TMA variants kernel")
 
     bwd_var = load_result("variants_bwd")
     bt = {r["provider"]: r["tflops_visited"] for r in bwd_var["rows"]}

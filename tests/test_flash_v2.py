@@ -146,7 +146,7 @@ def test_best_impl_takes_the_hopper_kernel_from_enough_work(monkeypatch):
     """On an sm_90 GPU: the Hopper kernel from HOPPER_MIN_PAIRS query-key pairs on, for
     power-of-two head dims from 64 (measured: at B 1, H 32, D 64 the two kernels tie on the GPU
     at N 2048 and the Hopper one costs the host more; at N 4096 it is the faster)."""
-    from course_lib.ops import attention as oa
+    from course_lib.ops import impl as oa
 
     monkeypatch.setattr(oa, "DEVICE", "cuda")
     monkeypatch.setattr(oa, "IMPLS", ("portable", "hopper"))

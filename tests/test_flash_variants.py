@@ -1,5 +1,6 @@
-"""The variants' forward kernel (kernels.flash_variants) against reference.attention_variants:
-the 2x rule, odd lengths, N_q != N_k, GQA, padded head dims, poisoned outputs."""
+"""The variants' forward kernels (kernels.flash_variants, the portable one, and
+kernels.flash_variants_hopper, the TMA one) against reference.attention_variants: the 2x rule,
+odd lengths, N_q != N_k, GQA, padded head dims, poisoned outputs."""
 import itertools
 
 import pytest
@@ -9,6 +10,7 @@ import triton.language as tl
 
 from course_lib import masks
 from course_lib.kernels.flash_variants import _band_bounds, forward_variants
+from course_lib.kernels.flash_variants_hopper import forward_variants_hopper
 from course_lib.reference import attention_variants
 from course_lib.testing import (
     KERNEL_DTYPES,
@@ -38,7 +40,14 @@ VARIANTS = {  # name: (causal, window_size, softcap, alibi, sinks)
     "gemma 2 (softcap, window, causal)": (True, (16, -1), 5.0, False, False),
     "gpt-oss (sinks, window, causal)": (True, (9, -1), 0.0, False, True),
     "everything": (True, (20, -1), 4.0, True, True),
+    "wide window causal": (True, (60, -1), 0.0, False, False),  # blocks every row sees in full
 }
+FORWARDS = {"portable": forward_variants, "hopper": forward_variants_hopper}
+
+
+def _skip_unless_tma(impl, D):
+    if impl == "hopper" and (D & (D - 1) or D < 16):
+        pytest.skip("the TMA kernel takes power-of-two head dims from 16 on")
 
 
 def _extras(name, B, H, device):
@@ -51,28 +60,30 @@ def _extras(name, B, H, device):
     return causal, window, softcap, slopes, sink
 
 
-def _run(q, k, v, name, sm_scale=None):
+def _run(q, k, v, name, sm_scale=None, impl="portable"):
     B, H, N_q, D = q.shape
     causal, window, softcap, slopes, sink = _extras(name, B, H, q.device)
     sm_scale = D ** -0.5 if sm_scale is None else sm_scale
     out = (poison_(torch.empty_like(q)), poison_(torch.empty(B, H, N_q, device=q.device)))
-    o, lse = forward_variants(q, k, v, sm_scale, masks.normalize_window(window, causal),
-                              softcap, slopes, sink, out=out)
+    o, lse = FORWARDS[impl](q, k, v, sm_scale, masks.normalize_window(window, causal),
+                            softcap, slopes, sink, out=out)
     kw = dict(causal=causal, sm_scale=sm_scale, window_size=window, softcap=softcap,
               alibi_slopes=slopes, sinks=sink)
     ref_o, ref_lse = attention_variants(q, k, v, return_lse=True, **kw)
     return o, lse, ref_o, ref_lse, variants_same_precision(q, k, v, **kw)
 
 
+@pytest.mark.parametrize("impl", list(FORWARDS))
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
 @pytest.mark.parametrize("name", list(VARIANTS))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_forward_matches_the_reference(shape, name, dtype):
+def test_forward_matches_the_reference(shape, name, dtype, impl):
     B, H, H_kv, N_q, N_k, D = shape
+    _skip_unless_tma(impl, D)
     q = fresh_randn(B, H, N_q, D, dtype=dtype)
     k = fresh_randn(B, H_kv, N_k, D, dtype=dtype)
     v = fresh_randn(B, H_kv, N_k, D, dtype=dtype)
-    o, lse, ref_o, ref_lse, same = _run(q, k, v, name)
+    o, lse, ref_o, ref_lse, same = _run(q, k, v, name, impl=impl)
     assert not torch.isnan(o).any() and not torch.isnan(lse).any(), "an element never written"
     assert_close_2x(o, ref_o, same, name=f"O {name}")
     seen = ~torch.isinf(ref_lse)
@@ -80,7 +91,8 @@ def test_forward_matches_the_reference(shape, name, dtype):
     assert_close_2x(lse[seen], ref_lse[seen], ref_lse[seen], name=f"lse {name}", atol=1e-4)
 
 
-def test_every_combination_of_the_variants():
+@pytest.mark.parametrize("impl", list(FORWARDS))
+def test_every_combination_of_the_variants(impl):
     """window x causal x softcap x ALiBi x sinks x GQA, one odd shape each, fp32."""
     B, H, H_kv, N_q, N_k, D = 1, 4, 2, 29, 41, 32
     q, k, v = (fresh_randn(B, h, n, D) for h, n in ((H, N_q), (H_kv, N_k), (H_kv, N_k)))
@@ -91,7 +103,7 @@ def test_every_combination_of_the_variants():
             (False, True), ((-1, -1), (6, 2), (0, 0)), (0.0, 2.5), (None, slopes),
             (None, sinks)):
         w = masks.normalize_window(window, causal)
-        o, lse = forward_variants(q, k, v, 0.2, w, softcap, alibi, sink)
+        o, lse = FORWARDS[impl](q, k, v, 0.2, w, softcap, alibi, sink)
         ref_o, ref_lse = attention_variants(q, k, v, causal, 0.2, window_size=window,
                                             softcap=softcap, alibi_slopes=alibi, sinks=sink,
                                             return_lse=True)
@@ -99,7 +111,8 @@ def test_every_combination_of_the_variants():
         torch.testing.assert_close(lse, ref_lse, atol=2e-5, rtol=2e-5)
 
 
-def test_a_window_skips_the_blocks_outside_the_band():
+@pytest.mark.parametrize("impl", list(FORWARDS))
+def test_a_window_skips_the_blocks_outside_the_band(impl):
     """Keys outside every row's band are never read: poison them with NaN, the answer stays.
     (A masked key that was read would still turn its row NaN: 0 · NaN in P·V.)"""
     B, H, N, D = 1, 2, 512, 16
@@ -110,8 +123,44 @@ def test_a_window_skips_the_blocks_outside_the_band():
     # 128-row ones) see keys from 374 on: the key blocks of 0..255 are outside their band
     k2, v2 = k.clone(), v.clone()
     k2[:, :, :256], v2[:, :, :256] = float("nan"), float("nan")
-    o, _ = forward_variants(q, k2, v2, D ** -0.5, window, 0.0)
+    o, _ = FORWARDS[impl](q, k2, v2, D ** -0.5, window, 0.0)
     torch.testing.assert_close(o[:, :, 384:], o_ref[:, :, 384:], atol=1e-5, rtol=1e-5)
+
+
+def test_auto_takes_the_tma_kernel_only_for_measured_head_dims(monkeypatch):
+    """impl=None follows best_impl for D 128 (its config was measured with the variants) and
+    runs the portable kernel for other head dims."""
+    from course_lib.kernels.flash_variants_hopper import MEASURED_HEAD_DIMS
+    from course_lib.ops import variants as ov
+
+    ran = []
+    monkeypatch.setattr(ov, "best_impl", lambda q, k, v: "hopper")
+    for impl in ("portable", "hopper"):
+        monkeypatch.setitem(ov._FORWARDS, impl,
+                            lambda q, *rest, impl=impl, **kw: ran.append((impl, q.shape[-1])))
+    for D in (64, 128, 256):
+        q = torch.empty(1, 1, 4, D)
+        ov._forward(q, q, q, 0.1, (8, 0), 0.0, None, None, "auto")
+    assert MEASURED_HEAD_DIMS == (128,)
+    assert ran == [("portable", 64), ("hopper", 128), ("portable", 256)]
+
+
+@pytest.mark.parametrize("window", [(70, 0), (-1, 0)])
+def test_the_pinned_max_runs_again_when_a_later_score_overflows(window):
+    """The TMA kernel pins each row's max to the full key block nearest the diagonal. Keys far
+    from the diagonal with scores 2^20 times larger make fp16's P overflow: the program must
+    notice and run again with the running max, and give the reference's answer."""
+    B, H, N, D = 1, 2, 96, 64
+    q, k, v = (fresh_randn(B, H, N, D, dtype=torch.float16) for _ in range(3))
+    # keys 0..39 score about 4·30/8 = 15 (natural) above the rest: P up to 2^21 > fp16's 65504
+    q[..., 0], k[:, :, :40, 0] = 4.0, 30.0
+    o, lse = forward_variants_hopper(q, k, v, D ** -0.5, window, 0.0)
+    ref_o, ref_lse = attention_variants(q, k, v, sm_scale=D ** -0.5, window_size=window,
+                                        return_lse=True)
+    same = variants_same_precision(q, k, v, sm_scale=D ** -0.5, window_size=window)
+    assert torch.isfinite(o).all()
+    assert_close_2x(o, ref_o, same, name="O after the rerun")
+    assert_close_2x(lse, ref_lse, ref_lse, name="lse after the rerun", atol=1e-4)
 
 
 @pytest.mark.parametrize("name", ["causal", "window", "everything", "alibi per batch"])

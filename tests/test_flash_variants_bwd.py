@@ -1,8 +1,8 @@
 """The variants' backward (kernels.flash_variants_bwd) and their public operators
 (ops.flash_attn_v2's keywords, ops.flash_attn_varlen): every gradient, the sinks' included,
 under the 2x rule against fp64 autograd of reference.attention_variants; packed sequences;
-the dK/dV program's row ranges against masks.block_row_range; errors that name the argument;
-the torch.library operators (opcheck, torch.compile)."""
+the dK/dV program's row ranges against masks.block_row_range; packed sequences read and written
+in place; errors that name the argument; the torch.library operators (opcheck, torch.compile)."""
 import itertools
 
 import pytest
@@ -11,7 +11,9 @@ import triton
 import triton.language as tl
 
 from course_lib import masks
-from course_lib.kernels.flash_variants_bwd import _band_rows
+from course_lib.kernels import flash_variants_bwd
+from course_lib.kernels.flash_variants import forward_variants_varlen
+from course_lib.kernels.flash_variants_bwd import _band_rows, backward_variants_varlen
 from course_lib.ops import flash_attn_v2, flash_attn_varlen
 from course_lib.reference import attention_variants, attention_varlen
 from course_lib.testing import KERNEL_DTYPES, assert_close_2x, fresh_randn
@@ -234,7 +236,7 @@ def test_the_dense_path_serves_a_window_that_is_plain_causal():
     torch.testing.assert_close(flash_attn_v2(q, k, v, window_size=(-1, 0)),
                                flash_attn_v2(q, k, v, causal=True), atol=0, rtol=0)
     with pytest.raises(ValueError, match="impl"):
-        flash_attn_v2(q, k, v, window_size=(4, 0), impl="hopper")
+        flash_attn_v2(q, k, v, window_size=(4, 0), impl="tma")
 
 
 def _packed(lens_q, lens_k, H=2, H_kv=1, D=32):
@@ -244,6 +246,70 @@ def _packed(lens_q, lens_k, H=2, H_kv=1, D=32):
     q = fresh_randn(sum(lens_q), H, D)
     k, v = fresh_randn(sum(lens_k), H_kv, D), fresh_randn(sum(lens_k), H_kv, D)
     return q, k, v, cu_q, cu_k
+
+
+class _Spy:
+    """A kernel's stand-in: records the data pointers of the tensors each launch gets, then
+    launches the kernel."""
+
+    def __init__(self, kernel):
+        self.kernel, self.pointers = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            self.pointers.append([a.data_ptr() for a in args if isinstance(a, torch.Tensor)])
+            return self.kernel[grid](*args, **meta)
+        return launch
+
+
+@pytest.mark.parametrize("views", [False, True], ids=["contiguous", "views of one qkv"])
+def test_the_varlen_backward_reads_and_writes_the_packed_layout(views, monkeypatch,
+                                                                poisoned_allocations):
+    """dq, dk, dv come back (total, H, D) contiguous, and right under the 2x rule (window,
+    softcap, ALiBi, sinks, GQA, a padded head dim). Contiguous inputs reach the kernels as they
+    are: each kernel gets q's, k's, v's, o's and dO's own memory and writes the gradients
+    returned, so no heads-first copy is made. Views with a unit last stride (q, k, v of one fused
+    qkv tensor, dO a slice) give the same gradients."""
+    lens_q, lens_k = [5, 0, 37, 1, 70], [9, 3, 37, 20, 44]  # one total: a fused qkv fits
+    H, H_kv, D = 4, 2, 40
+    q, k, v, cu_q, cu_k = _packed(lens_q, lens_k, H, H_kv, D)
+    do = fresh_randn(*q.shape)
+    if views:  # the same numbers at other strides: rows of (H + 2·H_kv)·D and of 2·D elements
+        qkv = torch.cat([q, k, v], 1)
+        q, k, v = qkv[:, :H], qkv[:, H:H + H_kv], qkv[:, H + H_kv:]
+        do = torch.cat([do, fresh_randn(*do.shape)], -1)[..., :D]
+        assert not any(t.is_contiguous() for t in (q, k, v, do))
+    g = torch.Generator().manual_seed(3)
+    slopes = (torch.rand(len(lens_q), H, generator=g) * 0.5).to(q.device)
+    sinks = (torch.randn(H, generator=g) * 2).to(q.device)
+    window, softcap, sm_scale = (20, 0), 4.0, 0.25
+    args = (cu_q, cu_k, max(lens_q), max(lens_k))
+    o, lse = forward_variants_varlen(q, k, v, *args, sm_scale, window, softcap, slopes, sinks)
+    spies = {name: _Spy(getattr(flash_variants_bwd, name)) for name in (
+        "_bwd_preprocess_kernel", "_bwd_dkdv_variants_kernel", "_bwd_dq_variants_kernel")}
+    for name, spy in spies.items():
+        monkeypatch.setattr(flash_variants_bwd, name, spy)
+    got = backward_variants_varlen(do, q, k, v, o, lse, *args, sm_scale, window, softcap, slopes,
+                                   sinks)
+    for name, grad, t in zip(("dq", "dk", "dv"), got, (q, k, v)):
+        assert grad.shape == t.shape and grad.is_contiguous(), (name, grad.shape, grad.stride())
+    (pre,), (kv,), (qs,) = (spy.pointers for spy in spies.values())
+    if not views:  # (O, DO, LSE, ...), (Q, K, V, DO, LSE2, Delta, DK, DV, ...), (..., DQ, ...)
+        ptr = [t.data_ptr() for t in (q, k, v, o, do, *got[:3])]
+        assert pre[:3] == [ptr[3], ptr[4], lse.data_ptr()]
+        assert kv[:4] == ptr[:3] + ptr[4:5] and kv[6:8] == ptr[6:8]
+        assert qs[:4] == ptr[:3] + ptr[4:5] and qs[6] == ptr[5]
+
+    kw = dict(window_size=window, softcap=softcap, alibi_slopes=slopes)
+
+    def reference(compute_dtype):
+        def f(*t):
+            return attention_varlen(*t[:3], *args, False, sm_scale, sinks=t[3],
+                                    compute_dtype=compute_dtype, **kw)
+        return f
+    ref_o, ref = _grads(reference(None), (q, k, v, sinks), do, torch.float64)
+    base_o, base = _grads(reference(torch.float32), (q, k, v, sinks), do)
+    _check(o, got, ref_o, ref, base_o, base, "varlen in place" + " (views)" * views)
 
 
 def test_varlen_input_errors_name_the_argument():

@@ -2,7 +2,7 @@
 softcap, ALiBi and sinks against the course's dense kernels and FlexAttention, one harness, in
 turns; and packed sequences (varlen) against the dense kernel at their mean length.
 
-    python -m course_lib.bench variants [--backward | --varlen] [--out FILE]
+    python -m course_lib.bench variants [--backward | --varlen | --tiles] [--out FILE]
 
 B 2, H 16, N 16k, D 128, bf16 (issue 21's shape). The forward (course_lib/data/variants_fwd.json):
 every provider called eagerly. The backward (variants_bwd.json): for every provider, ours and
@@ -18,6 +18,11 @@ no sinks), its block mask made once, outside the timing.
 Varlen (variants_varlen.json): 64 causal sequences of random lengths 1 to 4096 (seeded), H 16,
 D 128, bf16, forward and backward timed as above, against flash_attn_v2 (portable kernel) on as
 many causal sequences of the mean length; TFLOP/s on the pairs each sequence's rows see.
+
+Tiles (variants_hopper_tiles.json): the TMA forward (kernels.flash_variants_hopper) with each
+candidate config fixed, for causal, window 1024, causal softcap, ALiBi and sinks, beside the
+portable variants' kernel and the dense kernels, at the shape above; 3 rounds in turns, the
+median kept.
 """
 from __future__ import annotations
 
@@ -35,17 +40,19 @@ SOFTCAP = 30.0
 CAUSAL, WINDOWED = (-1, 0), (WINDOW, 0)
 
 
-def _ours(q, k, v, backward, **kw):
+def _ours(q, k, v, backward, impl="portable", **kw):
     """Our variants' kernels (also for plain causal, which ``flash_attn_v2`` would send to the
-    dense ones): the launcher directly for the forward (no lse), the operator under autograd for
-    the backward."""
+    dense ones): the launcher directly for the forward (no lse; ``impl`` "portable" or
+    "hopper"), the operator under autograd for the backward."""
     from course_lib.kernels.flash_variants import forward_variants
+    from course_lib.kernels.flash_variants_hopper import forward_variants_hopper
 
     window, softcap = kw["window"], kw.get("softcap", 0.0)
     alibi, sinks = kw.get("alibi_slopes"), kw.get("sinks")
+    forward = forward_variants_hopper if impl == "hopper" else forward_variants
     if not backward:
-        return lambda: forward_variants(q, k, v, D ** -0.5, window, softcap, alibi, sinks,
-                                        store_lse=False)
+        return lambda: forward(q, k, v, D ** -0.5, window, softcap, alibi, sinks,
+                               store_lse=False)
     return _grad_of(lambda *t: torch.ops.course.flash_attn_variants_fwd(
         *t, D ** -0.5, window[0], window[1], softcap, alibi, sinks)[0], q, k, v)
 
@@ -72,6 +79,13 @@ def _providers(q, k, v, backward):
                                   CAUSAL),
         "variants causal sinks": (_ours(q, k, v, backward, window=CAUSAL, sinks=sinks), CAUSAL),
     }
+    if not backward:  # the TMA forward (the backward is one kernel for both)
+        for name, (_, w) in list(fns.items()):
+            extra = {"softcap": SOFTCAP} if "softcap" in name else (
+                {"alibi_slopes": slopes} if "alibi" in name else (
+                    {"sinks": sinks} if "sinks" in name else {}))
+            fns[name.replace("variants", "variants hopper")] = (
+                _ours(q, k, v, False, "hopper", window=w, **extra), w)
     for impl, label in (("portable", "portable"), (None, "auto")):
         def dense(*t, impl=impl):
             return flash_attn_v2(*t, causal=True, impl=impl)
@@ -152,6 +166,57 @@ def run(rounds: int = 7, backward: bool = False) -> dict:
             "method": __doc__.strip().split("\n\n")[2].replace("\n", " "), "rows": rows}
 
 
+TILE_CANDIDATES = {128: None}  # head dim: the candidates (None: all)
+
+
+def run_tiles(rounds: int = 3) -> dict:
+    """Every candidate tile config of the TMA variants' forward, fixed, in turns (see above)."""
+    from course_lib.kernels import flash_variants_hopper as fvh
+    from course_lib.kernels.flash_variants import forward_variants
+    from course_lib.ops import flash_attn_v2
+
+    require_gpu("the variants' tile benchmark")
+    rows = []
+    for d, wanted in TILE_CANDIDATES.items():
+        h = H * D // d
+        g = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(B, h, N, d, device="cuda", dtype=torch.bfloat16, generator=g)
+                   for _ in range(3))
+        cases = {"causal": (CAUSAL, 0.0, None, None),
+                 f"window {WINDOW}": (WINDOWED, 0.0, None, None),
+                 "causal softcap": (CAUSAL, SOFTCAP, None, None),
+                 "causal alibi": (CAUSAL, 0.0, torch.rand(h, device="cuda") * 0.1, None),
+                 "causal sinks": (CAUSAL, 0.0, None, torch.randn(h, device="cuda"))}
+        configs = [c for c in fvh.VARIANTS_HOPPER_CONFIGS
+                   if wanted is None or fvh._shape(c) in wanted]
+        fns = {}
+        for case, (w, cap, alibi, sinks) in cases.items():
+            for c in configs:
+                fns[(str(list(fvh._shape(c))), case, w)] = (
+                    lambda c=c, w=w, cap=cap, a=alibi, s=sinks: fvh.forward_variants_hopper(
+                        q, k, v, d ** -0.5, w, cap, a, s, store_lse=False, config=c))
+            fns[("portable", case, w)] = (
+                lambda w=w, cap=cap, a=alibi, s=sinks: forward_variants(
+                    q, k, v, d ** -0.5, w, cap, a, s, store_lse=False))
+        for impl in ("portable", "hopper"):
+            fns[(f"dense {impl}", "causal", CAUSAL)] = (
+                lambda impl=impl: flash_attn_v2(q, k, v, causal=True, impl=impl))
+        times, errors = _time_in_turns(fns, rounds)
+        for (config, case, w), t in times.items():
+            ms = _median(t)
+            flops = 4.0 * B * h * d * visible_pairs(N, N, w)
+            rows.append({"D": d, "H": h, "config": config, "case": case, "ms": ms,
+                         "rounds_ms": t, "tflops_visited": flops / (ms * 1e-3) / 1e12 if ms
+                         else None, "error": errors.get((config, case, w))})
+            print(d, config, case, ms, rows[-1]["tflops_visited"], flush=True)
+    return {"environment": environment(),
+            "shape": {"B": B, "N": N, "H·D": H * D, "dtype": "bf16", "window": WINDOW,
+                      "softcap": SOFTCAP},
+            "config_fields": ["BLOCK_M", "BLOCK_N", "warps", "stages", "ROWSUM_MMA",
+                              "PINNED_MAX"],
+            "method": __doc__.strip().split("\n\n")[4].replace("\n", " "), "rows": rows}
+
+
 def run_varlen(rounds: int = 7, n_seq: int = 64, longest: int = 4096) -> dict:
     """Packed causal sequences against the dense kernel at their mean length (see above)."""
     from course_lib.ops import flash_attn_v2, flash_attn_varlen
@@ -198,20 +263,27 @@ def main(argv=None) -> int:
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--backward", action="store_true")
     which.add_argument("--varlen", action="store_true")
+    which.add_argument("--tiles", action="store_true")
     parser.add_argument("--out", default=None)
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args(argv)
-    stem = "variants_varlen" if args.varlen else (
+    stem = "variants_varlen" if args.varlen else "variants_hopper_tiles" if args.tiles else (
         "variants_bwd" if args.backward else "variants_fwd")
     out = args.out or str(DATA_DIR / f"{stem}.json")
-    result = (run_varlen(args.rounds) if args.varlen
-              else run(args.rounds, backward=args.backward))
+    if args.tiles:
+        result = run_tiles(min(args.rounds, 3))
+    else:
+        result = (run_varlen(args.rounds) if args.varlen
+                  else run(args.rounds, backward=args.backward))
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {out}")
-    if not args.varlen:
+    if not (args.varlen or args.tiles):
         by = {r["provider"]: r for r in result["rows"]}
         c, w = by["variants causal"]["ms"], by[f"variants window {WINDOW}"]["ms"]
         print(f"window {WINDOW} / full causal speed-up: {c / w:.2f}x (visited area "
               f"{visible_pairs(N, N, CAUSAL) / visible_pairs(N, N, WINDOWED):.2f}x smaller)")
+        if "variants hopper causal" in by:
+            c, w = by["variants hopper causal"]["ms"], by[f"variants hopper window {WINDOW}"]["ms"]
+            print(f"TMA kernel: window {WINDOW} / full causal speed-up: {c / w:.2f}x")
     return 0

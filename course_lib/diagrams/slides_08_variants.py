@@ -220,16 +220,20 @@ _SPEED = (("causal", "causal"),
           ("causal + softcap", "causal softcap"),
           ("causal + ALiBi", "causal alibi"),
           ("causal + sinks", "causal sinks"))
-#: The course's kernels without variants: the portable forward (``flash_v2``) and lesson 10's
-#: backward (``flash_bwd``), which ``flash_attn_v2(..., impl="portable")`` runs.
-_DENSE = "flash_attn_v2 causal (portable)"
+#: The course's kernels without variants: the forward ``flash_attn_v2`` runs on an H100 (the
+#: Hopper kernel, ``flash_v2_hopper``), and lesson 10's backward (``flash_bwd``), the only one.
+_DENSE = {"forward": "flash_attn_v2 causal (auto)", "backward": "flash_attn_v2 causal (portable)"}
+#: Our variants' bars: the TMA forward (``flash_variants_hopper``, what ``flash_attn_v2`` runs on
+#: an H100 at D 128) and the one backward (``flash_variants_bwd``).
+_OURS = {"forward": "variants hopper", "backward": "variants"}
 
 
-def _speed_panel(ax, t: dict, title: str, labels: bool) -> None:
+def _speed_panel(ax, t: dict, title: str, labels: bool, direction: str = "forward") -> None:
     """One direction's bars: ours and FlexAttention per variant (FlexAttention has no sinks),
     then the dense causal kernel after a gap. ``t``: provider -> TFLOP/s on the visited area."""
-    rows = [(label, t[f"variants {key}"], t.get(f"flex {key}"), C_MAX) for label, key in _SPEED]
-    rows.append(("dense causal", t[_DENSE], None, "0.55"))
+    rows = [(label, t[f"{_OURS[direction]} {key}"], t.get(f"flex {key}"), C_MAX)
+            for label, key in _SPEED]
+    rows.append(("dense causal", t[_DENSE[direction]], None, "0.55"))
     y = np.arange(len(rows), dtype=float)
     y[-1] += 0.4  # a gap before the dense kernel
     for yi, (_, ours, flex, color) in zip(y, rows):
@@ -242,7 +246,7 @@ def _speed_panel(ax, t: dict, title: str, labels: bool) -> None:
                     color=C_OLD)
     ax.set_yticks(y, [label for label, *_ in rows])
     ax.tick_params(axis="y", labelsize=LABEL_PT, length=0, labelleft=labels)
-    ax.set(xlim=(0, 560), ylim=(y[-1] + 0.6, -0.6), xticks=range(0, 501, 100))
+    ax.set(xlim=(0, 620), ylim=(y[-1] + 0.6, -0.6), xticks=range(0, 601, 100))
     ax.set_xlabel("TFLOP/s on the visited area", fontsize=LABEL_PT)
     ax.set_title(title, fontsize=TITLE_PT)
     style_axes(ax)
@@ -253,8 +257,9 @@ def speed():
     """Measured TFLOP/s on the visited area, forward (course_lib/data/variants_fwd.json) and
     backward (variants_bwd.json), one panel each: H100, B 2, H 16, N 16k, D 128, bf16; the
     backward timed alone (autograd.grad of a forward made once, every provider alike);
-    do_bench median of rounds in turns. The variants' kernels against FlexAttention, and the
-    course's dense causal kernels (the portable forward, lesson 10's backward) below them."""
+    do_bench median of rounds in turns. The variants' kernels (the TMA forward, the one
+    backward) against FlexAttention, and the course's dense causal kernels (the Hopper forward,
+    lesson 10's backward) below them."""
     from matplotlib.patches import Patch
 
     from course_lib.bench.common import load_result
@@ -265,10 +270,10 @@ def speed():
     fig = slide_figure(1160, 400)
     axes = fig.subplots(1, 2)
     for i, (ax, result, title) in enumerate(zip(
-            axes, (fwd, bwd), ("forward: 4·D FLOPs per pair seen",
-                               "backward: 2.5× the forward's FLOPs"))):
+            axes, (fwd, bwd), ("forward (TMA kernel)",
+                               "backward (2.5× the forward's FLOPs)"))):
         _speed_panel(ax, {r["provider"]: r["tflops_visited"] for r in result["rows"]}, title,
-                     labels=i == 0)
+                     labels=i == 0, direction=("forward", "backward")[i])
     fig.legend(handles=[Patch(color=C_MAX, label="course variants kernels"),
                         Patch(color=C_OLD, label="FlexAttention (compiled)"),
                         Patch(color="0.55", label="course dense kernels")],

@@ -88,6 +88,23 @@ def _causal_bounds(start_m, N_Q, N_K, CAUSAL: tl.constexpr, BLOCK_M: tl.constexp
     return lo_masked, hi
 
 
+# width of the ones tile of ROWSUM_MMA (the Hopper kernels): the narrowest tl.dot takes
+ROWSUM_COLS = tl.constexpr(16)
+
+
+@triton.jit
+def _fresh_state(BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, ROWSUM_MMA: tl.constexpr):
+    """The online softmax's start: acc = 0, m = -inf, l = 0 (with ROWSUM_MMA a
+    (BLOCK_M, ROWSUM_COLS) tile whose columns all hold the row sums)."""
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    if ROWSUM_MMA:
+        l_i = tl.zeros([BLOCK_M, ROWSUM_COLS], tl.float32)
+    else:
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+    return acc, m_i, l_i
+
+
 @triton.jit
 def _epilogue(acc, m_i, l_i):
     """Deferred normalisation: O = acc / l once; lse = ln(Σ e^s) = (m + log2 l)·ln 2."""
@@ -119,22 +136,32 @@ def _load_tile(ptrs, rows_ok, cols_ok, ROWS: tl.constexpr, COLS: tl.constexpr):
 
 
 @triton.jit
-def _bwd_preprocess_kernel(O, DO, LSE, Delta, LSE2, N_Q,
+def _bwd_preprocess_kernel(O, DO, LSE, Delta, LSE2, N_Q, H, stride_b, stride_h, stride_m,
                            HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """delta = rowsum(dO ∘ O) and lse₂ = lse · log2 e for BLOCK_M rows of one (batch, head).
+
+    O and DO share strides counted in rows of HEAD_DIM elements (an element stride divided by
+    HEAD_DIM, so every address is a multiple of HEAD_DIM and a head dim like 40 keeps 16-byte
+    loads): row r of (b, h) starts at element (b·stride_b + h·stride_h + r·stride_m)·HEAD_DIM.
+    (B, H, N, D) contiguous is (H·N, N, 1); packed (total, H, D) is B = 1 and (0, 1, H). LSE,
+    Delta and LSE2 are (B·H, N_Q) contiguous."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)  # tl.arange's power of two
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_i = tl.arange(0, BLOCK_M)
+    offs_m = pid_m * BLOCK_M + offs_i
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     mask_m = offs_m < N_Q
     d_ok = offs_d[None, :] < HEAD_DIM  # with PAD_D: the padding loads as 0, adds 0 to delta
     acc_ty = Delta.dtype.element_ty  # fp32 (fp64 only for gradcheck in the interpreter)
-    base = pid_bh.to(tl.int64) * N_Q * HEAD_DIM
-    ptrs = base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]  # (BLOCK_M, HEAD_DIM_PAD)
+    # the block's first row in int64, the rows within it in int32 (packed rows span all tokens)
+    row0 = ((pid_bh // H).to(tl.int64) * stride_b + (pid_bh % H).to(tl.int64) * stride_h
+            + (pid_m * BLOCK_M).to(tl.int64) * stride_m)
+    ptrs = offs_i[:, None] * (stride_m * HEAD_DIM) + offs_d[None, :]  # (BLOCK_M, HEAD_DIM_PAD)
     m_ok = _tile_mask(mask_m[:, None], d_ok, PAD_D)
-    o = tl.load(O + ptrs, mask=m_ok, other=0.0).to(acc_ty)
-    do = tl.load(DO + ptrs, mask=m_ok, other=0.0).to(acc_ty)
+    o = tl.load(O + row0 * HEAD_DIM + ptrs, mask=m_ok, other=0.0).to(acc_ty)
+    do = tl.load(DO + row0 * HEAD_DIM + ptrs, mask=m_ok, other=0.0).to(acc_ty)
     delta = tl.sum(o * do, axis=1)  # (BLOCK_M,)
     row = pid_bh.to(tl.int64) * N_Q + offs_m
     lse = tl.load(LSE + row, mask=mask_m, other=0.0).to(acc_ty)

@@ -10,7 +10,8 @@ Introduced in notebooks/15_attention_variants.ipynb.
 * ``_key_limits``: the keys each query row sees as two bounds, j_lo <= j <= j_hi
   (``masks.key_bounds``), for the masked tiles;
 * ``_tanh``, ``_variant_scores``: softcap and ALiBi on a tile of raw scores, in q·k's units;
-* ``_sequence``: where sequence b of packed sequences (varlen) starts, and its lengths.
+* ``_sequence``: where sequence b of packed sequences (varlen) starts, and its lengths;
+* ``_join_sink``: a head's sink joins a row's softmax after the key loop (the forward kernels).
 
 Speed: not benchmarked on its own; the kernels that use it state theirs.
 """
@@ -80,6 +81,18 @@ def _variant_scores(qk, offs_m, offs_n, q_offset, sm_scale, softcap, slope,
         dist = tl.abs(offs_m[:, None] + q_offset - offs_n[None, :]).to(tl.float32)
         s = s - (slope / sm_scale) * dist
     return s
+
+
+@triton.jit
+def _join_sink(acc, m_i, l_i, SINKS, h):
+    """The sink of head ``h`` as one more term of the denominator, e^{sink}, with no value:
+    (acc, m, l) of the online softmax (exp2 domain) after the last key block. A row that saw no
+    key (m = −inf) ends with acc = 0, m = the sink and l = 1: O = 0, lse = the sink."""
+    sink = tl.load(SINKS + h).to(tl.float32) * 1.4426950408889634  # the exp2 domain
+    m_new = tl.maximum(m_i, sink)
+    alpha = tl.math.exp2(m_i - m_new)  # a row that saw no key: m_i = −inf, α = 0
+    l_i = l_i * alpha + tl.math.exp2(sink - m_new)
+    return acc * alpha[:, None], m_new, l_i
 
 
 @triton.jit

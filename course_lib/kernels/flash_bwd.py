@@ -435,7 +435,8 @@ def flash_attn_v2_backward(do, q, k, v, o, lse, causal, sm_scale, config: BwdCon
     # they are set to 0. Expected, not an error (interpreter_errstate; a no-op on a GPU).
     with interpreter_errstate():
         _bwd_preprocess_kernel[(triton.cdiv(N_q, cfg.block_pre), B * H)](
-            o, do, lse, delta, lse2, N_q, HEAD_DIM=D, BLOCK_M=cfg.block_pre)
+            o, do, lse, delta, lse2, N_q, H, H * N_q, N_q, 1,  # strides in rows of D
+            HEAD_DIM=D, BLOCK_M=cfg.block_pre)
 
         qk_scale = sm_scale * LOG2E
         meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype)}

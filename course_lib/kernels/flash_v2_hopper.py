@@ -50,8 +50,10 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from course_lib.kernels.attention_common import (
+    ROWSUM_COLS,
     _causal_bounds,
     _epilogue,
+    _fresh_state,
     _online_softmax_step,
     _q_block_program,
     _softmax_scores,
@@ -64,21 +66,6 @@ from course_lib.kernels.attention_common import (
     repeat_bound,
 )
 from course_lib.reference import LOG2E
-
-ROWSUM_COLS = tl.constexpr(16)  # width of the ones tile of ROWSUM_MMA: the narrowest tl.dot takes
-
-
-@triton.jit
-def _fresh_state(BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, ROWSUM_MMA: tl.constexpr):
-    """The online softmax's start: acc = 0, m = -inf, l = 0 (with ROWSUM_MMA a
-    (BLOCK_M, ROWSUM_COLS) tile whose columns all hold the row sums)."""
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    if ROWSUM_MMA:
-        l_i = tl.zeros([BLOCK_M, ROWSUM_COLS], tl.float32)
-    else:
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-    return acc, m_i, l_i
 
 
 @triton.jit

@@ -29,11 +29,12 @@ logit with a sink). ``course_lib.reference.attention_variants`` is the ground tr
 Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-27 (B 2, H 16, N 16k,
 D 128, bf16; every provider called eagerly, ``do_bench`` median of 7 rounds in turns; TFLOP/s on
 the visited area, 4·B·H·D per (query, key) pair a row sees; ``python -m course_lib.bench
-variants``, course_lib/data/variants_fwd.json): causal 499 TFLOP/s (FlexAttention 402); window
-1024: 318 (FlexAttention 311), 5.27x faster than full causal; causal with softcap 429, with ALiBi
-445, with sinks 451; the dense flash_attn_v2 causal 483 (portable kernel) and 561 (Hopper
-kernel). The window's time varies more than the others' from run to run (0.78 to 0.85 ms in
-this session's runs). The story, and what is not measured yet: course_lib/data/perf_notes.md.
+variants``, course_lib/data/variants_fwd.json): causal 493 TFLOP/s (FlexAttention 426); window
+1024: 318 (FlexAttention 310), 5.32x faster than full causal; causal with softcap 435, with ALiBi
+449, with sinks 456; the dense flash_attn_v2 causal 463 (portable kernel) and 552 (Hopper
+kernel). On an H100 at D 128, ``flash_attn_v2`` runs the TMA variants kernel instead
+(``flash_variants_hopper.py``); packed sequences always run this one. The story, and what is
+not measured yet: course_lib/data/perf_notes.md.
 """
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ from course_lib.kernels.attention_common import (
 from course_lib.kernels.band import (  # noqa: F401 (re-exported: lesson 15 prints them)
     GPU_TANH,
     _band_bounds,
+    _join_sink,
     _key_limits,
     _sequence,
     _tanh,
@@ -145,12 +147,7 @@ def _flash_fwd_variants_kernel(
                                     softcap, slope, j_lo, j_hi, BLOCK_N, True, HAS_SOFTCAP,
                                     HAS_ALIBI, DOT_PRECISION, PAD_D)
     if HAS_SINKS:  # one more term of the denominator, e^{sink}, with no value
-        sink = tl.load(SINKS + h).to(tl.float32) * 1.4426950408889634  # the exp2 domain
-        m_new = tl.maximum(m_i, sink)
-        alpha = tl.math.exp2(m_i - m_new)  # a row that saw no key: m_i = −inf, α = 0
-        l_i = l_i * alpha + tl.math.exp2(sink - m_new)
-        acc = acc * alpha[:, None]
-        m_i = m_new
+        acc, m_i, l_i = _join_sink(acc, m_i, l_i, SINKS, h)
 
     o, lse = _epilogue(acc, m_i, l_i)
     o_base = O + b.to(tl.int64) * stride_ob + q_start * stride_om + h.to(tl.int64) * stride_oh

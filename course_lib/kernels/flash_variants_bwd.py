@@ -22,10 +22,13 @@ changes (``flash_variants.py``):
    gradient is a sum over the rows of (B, H, N_q) numbers the preprocess already made (lse and
    delta): a reduction in PyTorch after the kernels, with no extra pass over Q, K or V.
 
-Packed sequences (``VARLEN``): Q, O, dO are (1, H, total_q, D) and K, V (1, H_kv, total_k, D),
-each head's rows one after another; a program reads its sequence's offsets from ``cu_seqlens``
-and a block past its sequence's end does nothing. GQA, padded head dims, the configs and the
-splits of a GQA group over several dK/dV programs are lesson 10's (``flash_bwd``).
+Packed sequences (``VARLEN``): the kernels read Q, O, dO (total_q, H, D) and K, V (total_k,
+H_kv, D), FlashAttention's layout, where they lie, and write dQ, dK, dV in that layout: no input
+that is contiguous is copied. Every tensor is addressed by (batch, head, row) strides counted in
+rows of D: (0, 1, H) in this layout (H_kv for K, V), (H·N, N, 1) in (B, H, N, D). A program
+reads its sequence's first rows from ``cu_seqlens``, and a block past its sequence's end does
+nothing. GQA, padded head dims, the configs and the splits of a GQA group over several dK/dV
+programs are lesson 10's (``flash_bwd``).
 ``course_lib.reference.attention_variants`` (autograd) is the ground truth.
 
 Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-27 (B 2, H 16, N 16k,
@@ -36,9 +39,11 @@ course_lib/data/variants_bwd.json): causal 328 TFLOP/s (FlexAttention 378); wind
 TFLOP/s (FlexAttention 284); causal with softcap 312 TFLOP/s (FlexAttention 202); causal with
 ALiBi 343 TFLOP/s (FlexAttention 383); causal with sinks 338; the dense backward (flash_bwd)
 causal 354. Packed sequences (``--varlen``, course_lib/data/variants_varlen.json, forward and
-backward): 64 causal sequences of random lengths 1 to 4096 (mean 2191): forward 340 TFLOP/s
-against the dense kernel's 346 at the mean length, backward 193 against 281. The story:
-course_lib/data/perf_notes.md.
+backward): 64 causal sequences of random lengths 1 to 4096 (mean 2191): forward 343 TFLOP/s
+against the dense kernel's 359 at the mean length, backward 245 against 286 (the packed layout
+read in place; 193 when it was copied into a heads-first layout and back). The (B, H, N, D)
+numbers above were measured before the kernels took strides (the same loops, with addresses
+made from the strides) and not since. The story: course_lib/data/perf_notes.md.
 """
 from __future__ import annotations
 
@@ -107,23 +112,27 @@ def _bwd_scores(qk, pos_a, pos_b, sm_scale, softcap, slope, HAS_SOFTCAP: tl.cons
 
 
 @triton.jit
-def _dkdv_rows(dk, dv, k, v, Q, DO, LSE2, Delta, offs_n, lo, hi, N_Q, N_K, q_offset, sm_scale,
-               softcap, slope, LEFT, RIGHT, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-               MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-               DOT_PRECISION: tl.constexpr):
+def _dkdv_rows(dk, dv, k, v, Q, DO, LSE2, Delta, stride_qm, offs_n, lo, hi, N_Q, N_K, q_offset,
+               sm_scale, softcap, slope, LEFT, RIGHT, BLOCK_M: tl.constexpr,
+               HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+               HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """dK (in units of sm_scale) and dV of one key block over the query rows [lo, hi) of one
-    head; Q, DO, LSE2, Delta point at the head's (sequence's) first row. Computed transposed
-    (Sᵀ, Pᵀ, dPᵀ, dSᵀ: keys along the rows), as lesson 10's kernel, so no tile is transposed."""
+    head; Q, DO, LSE2, Delta point at the head's (sequence's) first row, Q's and DO's rows
+    stride_qm rows of HEAD_DIM apart. Computed transposed (Sᵀ, Pᵀ, dPᵀ, dSᵀ: keys along the
+    rows), as lesson 10's kernel, so no tile is transposed."""
     HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     dT_ok, d_ok = offs_d[:, None] < HEAD_DIM, offs_d[None, :] < HEAD_DIM
     qk_scale = sm_scale * 1.4426950408889634
+    row = stride_qm * HEAD_DIM  # elements from one row to the next
     for start_m in range(lo, hi, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
+        offs_i = tl.arange(0, BLOCK_M)
+        offs_m = start_m + offs_i
         in_m = offs_m < N_Q
-        qT = _load_tile(Q + offs_m[None, :] * HEAD_DIM + offs_d[:, None], in_m[None, :], dT_ok,
-                        MASKED, PAD_D)  # (HEAD_DIM_PAD, BLOCK_M)
+        block = tl.cast(start_m, tl.int64) * row  # the first row in int64, the rest in int32
+        qT = _load_tile(Q + block + offs_i[None, :] * row + offs_d[:, None], in_m[None, :],
+                        dT_ok, MASKED, PAD_D)  # (HEAD_DIM_PAD, BLOCK_M)
         if MASKED:
             lse2 = tl.load(LSE2 + offs_m, mask=in_m, other=float("inf"))
         else:
@@ -136,7 +145,7 @@ def _dkdv_rows(dk, dv, k, v, Q, DO, LSE2, Delta, offs_n, lo, hi, N_Q, N_K, q_off
             j_lo, j_hi = _key_limits(offs_m + q_offset, N_K, LEFT, RIGHT)
             pT = tl.where((offs_n[:, None] >= j_lo[None, :]) & (offs_n[:, None] <= j_hi[None, :]),
                           pT, 0.0)
-        do = _load_tile(DO + offs_m[:, None] * HEAD_DIM + offs_d[None, :], in_m[:, None], d_ok,
+        do = _load_tile(DO + block + offs_i[:, None] * row + offs_d[None, :], in_m[:, None], d_ok,
                         MASKED, PAD_D)  # (BLOCK_M, HEAD_DIM_PAD)
         if MASKED:
             delta = tl.load(Delta + offs_m, mask=in_m, other=0.0)
@@ -154,14 +163,19 @@ def _dkdv_rows(dk, dv, k, v, Q, DO, LSE2, Delta, offs_n, lo, hi, N_Q, N_K, q_off
 @triton.jit
 def _bwd_dkdv_variants_kernel(
     Q, K, V, DO, LSE2, Delta, DK, DV, ALIBI, CU_Q, CU_K,
-    stride_qb, stride_qh, stride_kb, stride_kh, stride_alibi_b, split_rows,
+    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_lb, stride_lh,
+    stride_alibi_b, split_rows,
     sm_scale, softcap, LEFT, RIGHT, H, H_KV, N_Q, N_K, HEADS_PER_SPLIT, N_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_BLOCK_M: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """Strides count rows of HEAD_DIM elements: row r of (b, h) is b·stride_qb + h·stride_qh +
-    r (LSE2 and Delta are indexed by the same row numbers)."""
+    """Strides count rows of HEAD_DIM elements (an element stride divided by HEAD_DIM, so every
+    address is a multiple of HEAD_DIM: a head dim like 40 keeps 16-byte loads). Row r of (b, h)
+    starts at element (b·stride_qb + h·stride_qh + r·stride_qm)·HEAD_DIM in Q and DO, at
+    (b·stride_kb + h_kv·stride_kh + r·stride_kn)·HEAD_DIM in K, V, DK and DV (split s of DK and
+    DV: split_rows·s rows further). LSE2 and Delta are fp32 rows: b·stride_lb + h·stride_lh +
+    r."""
     pid_n = tl.program_id(0)
     pid_bhs = tl.program_id(1)  # (split, batch, K/V head), K/V head fastest
     group = H // H_KV
@@ -176,11 +190,12 @@ def _bwd_dkdv_variants_kernel(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     acc_ty = Delta.dtype.element_ty
-    kv_row = b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh + k_start
-    kv_ptrs = (kv_row + offs_n[:, None]) * HEAD_DIM + offs_d[None, :]  # (BLOCK_N, HEAD_DIM_PAD)
+    kv_row = (b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh
+              + (k_start + start_n) * stride_kn)  # the block's first key, in int64
+    kv_ptrs = tl.arange(0, BLOCK_N)[:, None] * (stride_kn * HEAD_DIM) + offs_d[None, :]
     n_ok = _tile_mask(offs_n[:, None] < N_K, offs_d[None, :] < HEAD_DIM, PAD_D)
-    k = tl.load(K + kv_ptrs, mask=n_ok, other=0.0)
-    v = tl.load(V + kv_ptrs, mask=n_ok, other=0.0)
+    k = tl.load(K + kv_row * HEAD_DIM + kv_ptrs, mask=n_ok, other=0.0)  # (BLOCK_N, HEAD_DIM_PAD)
+    v = tl.load(V + kv_row * HEAD_DIM + kv_ptrs, mask=n_ok, other=0.0)
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=acc_ty)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=acc_ty)
     q_offset = N_K - N_Q
@@ -189,44 +204,49 @@ def _bwd_dkdv_variants_kernel(
                                           BLOCK_M)
     for g in range(HEADS_PER_SPLIT):
         h = hk * group + split * HEADS_PER_SPLIT + g
-        row0 = b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + q_start
+        row0 = b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + q_start * stride_qm
+        lrow = b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start
         slope = 0.0
         if HAS_ALIBI:
             slope = tl.load(ALIBI + b.to(tl.int64) * stride_alibi_b + h).to(tl.float32)
         Qh, DOh = Q + row0 * HEAD_DIM, DO + row0 * HEAD_DIM
+        LSE2h, Deltah = LSE2 + lrow, Delta + lrow
         # the rows at the band's left edge (masked), those that see every key, the right edge
-        dk, dv = _dkdv_rows(dk, dv, k, v, Qh, DOh, LSE2 + row0, Delta + row0, offs_n, lo,
-                            full_lo, N_Q, N_K, q_offset, sm_scale, softcap, slope, LEFT, RIGHT,
+        dk, dv = _dkdv_rows(dk, dv, k, v, Qh, DOh, LSE2h, Deltah, stride_qm, offs_n, lo, full_lo,
+                            N_Q, N_K, q_offset, sm_scale, softcap, slope, LEFT, RIGHT,
                             MASK_BLOCK_M, HEAD_DIM, True, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
-        dk, dv = _dkdv_rows(dk, dv, k, v, Qh, DOh, LSE2 + row0, Delta + row0, offs_n, full_lo,
+        dk, dv = _dkdv_rows(dk, dv, k, v, Qh, DOh, LSE2h, Deltah, stride_qm, offs_n, full_lo,
                             full_hi, N_Q, N_K, q_offset, sm_scale, softcap, slope, LEFT, RIGHT,
                             BLOCK_M, HEAD_DIM, False, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
-        dk, dv = _dkdv_rows(dk, dv, k, v, Qh, DOh, LSE2 + row0, Delta + row0, offs_n, full_hi,
-                            hi, N_Q, N_K, q_offset, sm_scale, softcap, slope, LEFT, RIGHT,
+        dk, dv = _dkdv_rows(dk, dv, k, v, Qh, DOh, LSE2h, Deltah, stride_qm, offs_n, full_hi, hi,
+                            N_Q, N_K, q_offset, sm_scale, softcap, slope, LEFT, RIGHT,
                             MASK_BLOCK_M, HEAD_DIM, True, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
-    out = DK + split.to(tl.int64) * split_rows * HEAD_DIM
-    tl.store(out + kv_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=n_ok)
-    out = DV + split.to(tl.int64) * split_rows * HEAD_DIM
-    tl.store(out + kv_ptrs, dv.to(DV.dtype.element_ty), mask=n_ok)
+    out = (split.to(tl.int64) * split_rows + kv_row) * HEAD_DIM
+    tl.store(DK + out + kv_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=n_ok)
+    tl.store(DV + out + kv_ptrs, dv.to(DV.dtype.element_ty), mask=n_ok)
 
 
 @triton.jit
-def _dq_keys(dq, q, do, lse2, delta, K, V, offs_m, lo, hi, N_K, q_offset, sm_scale, softcap,
-             slope, j_lo, j_hi, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+def _dq_keys(dq, q, do, lse2, delta, K, V, stride_kn, offs_m, lo, hi, N_K, q_offset, sm_scale,
+             softcap, slope, j_lo, j_hi, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
              MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
              DOT_PRECISION: tl.constexpr):
-    """dQ (in units of sm_scale) of one query block over the keys [lo, hi) of its K/V head."""
+    """dQ (in units of sm_scale) of one query block over the keys [lo, hi) of its K/V head; K and
+    V point at the head's (sequence's) first key, their rows stride_kn rows of HEAD_DIM apart."""
     HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     dT_ok = offs_d[:, None] < HEAD_DIM
     qk_scale = sm_scale * 1.4426950408889634
+    row = stride_kn * HEAD_DIM  # elements from one key to the next
     for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        kT_ptrs = offs_n[None, :] * HEAD_DIM + offs_d[:, None]  # (HEAD_DIM_PAD, BLOCK_N)
+        offs_j = tl.arange(0, BLOCK_N)
+        offs_n = start_n + offs_j
+        block = tl.cast(start_n, tl.int64) * row  # the first key in int64, the rest in int32
+        kT_ptrs = offs_j[None, :] * row + offs_d[:, None]  # (HEAD_DIM_PAD, BLOCK_N)
         in_n = offs_n[None, :] < N_K
-        kT = _load_tile(K + kT_ptrs, in_n, dT_ok, MASKED, PAD_D)
-        vT = _load_tile(V + kT_ptrs, in_n, dT_ok, MASKED, PAD_D)
+        kT = _load_tile(K + block + kT_ptrs, in_n, dT_ok, MASKED, PAD_D)
+        vT = _load_tile(V + block + kT_ptrs, in_n, dT_ok, MASKED, PAD_D)
         qk = tl.dot(q, kT, input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
         s, dcap = _bwd_scores(qk, offs_m + q_offset, offs_n, sm_scale, softcap, slope,
                               HAS_SOFTCAP, HAS_ALIBI, GPU_TANH and DOT_PRECISION != "ieee")
@@ -245,12 +265,13 @@ def _dq_keys(dq, q, do, lse2, delta, K, V, offs_m, lo, hi, N_K, q_offset, sm_sca
 @triton.jit
 def _bwd_dq_variants_kernel(
     Q, K, V, DO, LSE2, Delta, DQ, ALIBI, CU_Q, CU_K,
-    stride_qb, stride_qh, stride_kb, stride_kh, stride_alibi_b,
-    sm_scale, softcap, LEFT, RIGHT, H, H_KV, N_Q, N_K, N_BUCKET,
+    stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_lb, stride_lh,
+    stride_alibi_b, sm_scale, softcap, LEFT, RIGHT, H, H_KV, N_Q, N_K, N_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASK_BLOCK_N: tl.constexpr, LONGEST_FIRST: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr, VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
+    """Strides as ``_bwd_dkdv_variants_kernel``'s (DQ has Q's)."""
     pid_m, pid_bh, b, h, hk = _q_block_program(H, H // H_KV, LONGEST_FIRST)
     q_start, k_start, N_Q, N_K = _sequence(CU_Q, CU_K, b, N_Q, N_K, VARLEN)
     start_m = pid_m * BLOCK_M
@@ -259,14 +280,16 @@ def _bwd_dq_variants_kernel(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     in_m = offs_m < N_Q
-    row0 = b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + q_start
-    q_ptrs = (row0 + offs_m[:, None]) * HEAD_DIM + offs_d[None, :]  # (BLOCK_M, HEAD_DIM_PAD)
+    row0 = (b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+            + (q_start + start_m) * stride_qm)  # the block's first row, in int64
+    q_ptrs = tl.arange(0, BLOCK_M)[:, None] * (stride_qm * HEAD_DIM) + offs_d[None, :]
     m_ok = _tile_mask(in_m[:, None], offs_d[None, :] < HEAD_DIM, PAD_D)
-    q = tl.load(Q + q_ptrs, mask=m_ok, other=0.0)
-    do = tl.load(DO + q_ptrs, mask=m_ok, other=0.0)
-    lse2 = tl.load(LSE2 + row0 + offs_m, mask=in_m, other=float("inf"))
-    delta = tl.load(Delta + row0 + offs_m, mask=in_m, other=0.0)
-    kv_row = b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh + k_start
+    q = tl.load(Q + row0 * HEAD_DIM + q_ptrs, mask=m_ok, other=0.0)  # (BLOCK_M, HEAD_DIM_PAD)
+    do = tl.load(DO + row0 * HEAD_DIM + q_ptrs, mask=m_ok, other=0.0)
+    lrow = b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start
+    lse2 = tl.load(LSE2 + lrow + offs_m, mask=in_m, other=float("inf"))
+    delta = tl.load(Delta + lrow + offs_m, mask=in_m, other=0.0)
+    kv_row = b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh + k_start * stride_kn
     Kh, Vh = K + kv_row * HEAD_DIM, V + kv_row * HEAD_DIM
     slope = 0.0
     if HAS_ALIBI:
@@ -278,16 +301,16 @@ def _bwd_dq_variants_kernel(
     full_lo = tl.minimum(full_lo, hi)
     full_hi = full_lo + tl.maximum(tl.minimum(full_hi, hi) - full_lo, 0) // BLOCK_N * BLOCK_N
     j_lo, j_hi = _key_limits(offs_m + q_offset, N_K, LEFT, RIGHT)
-    dq = _dq_keys(dq, q, do, lse2, delta, Kh, Vh, offs_m, lo, full_lo, N_K, q_offset, sm_scale,
-                  softcap, slope, j_lo, j_hi, MASK_BLOCK_N, HEAD_DIM, True, HAS_SOFTCAP,
+    dq = _dq_keys(dq, q, do, lse2, delta, Kh, Vh, stride_kn, offs_m, lo, full_lo, N_K, q_offset,
+                  sm_scale, softcap, slope, j_lo, j_hi, MASK_BLOCK_N, HEAD_DIM, True, HAS_SOFTCAP,
                   HAS_ALIBI, DOT_PRECISION)
-    dq = _dq_keys(dq, q, do, lse2, delta, Kh, Vh, offs_m, full_lo, full_hi, N_K, q_offset,
-                  sm_scale, softcap, slope, j_lo, j_hi, BLOCK_N, HEAD_DIM, False, HAS_SOFTCAP,
+    dq = _dq_keys(dq, q, do, lse2, delta, Kh, Vh, stride_kn, offs_m, full_lo, full_hi, N_K,
+                  q_offset, sm_scale, softcap, slope, j_lo, j_hi, BLOCK_N, HEAD_DIM, False,
+                  HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+    dq = _dq_keys(dq, q, do, lse2, delta, Kh, Vh, stride_kn, offs_m, full_hi, hi, N_K, q_offset,
+                  sm_scale, softcap, slope, j_lo, j_hi, MASK_BLOCK_N, HEAD_DIM, True, HAS_SOFTCAP,
                   HAS_ALIBI, DOT_PRECISION)
-    dq = _dq_keys(dq, q, do, lse2, delta, Kh, Vh, offs_m, full_hi, hi, N_K, q_offset, sm_scale,
-                  softcap, slope, j_lo, j_hi, MASK_BLOCK_N, HEAD_DIM, True, HAS_SOFTCAP,
-                  HAS_ALIBI, DOT_PRECISION)
-    tl.store(DQ + q_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=m_ok)
+    tl.store(DQ + row0 * HEAD_DIM + q_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=m_ok)
 
 
 _KEY = ["N_BUCKET", "HEAD_DIM", "HAS_SOFTCAP", "HAS_ALIBI", "VARLEN", "DOT_PRECISION"]
@@ -303,9 +326,24 @@ _dq_tuned = triton.autotune(
 
 def _backward(do, q, k, v, o, lse, sm_scale, window, softcap, alibi_slopes, sinks, cu, N_q, N_k,
               config, splits):
-    """q, o, do, k, v as (B, H, N, D) contiguous (varlen: B = 1, sequences along N)."""
-    B, H, _, D = q.shape
-    H_kv = k.shape[1]
+    """q, o, do (B, H, N_q, D) and k, v (B, H_kv, N_k, D); with ``cu`` (cu_seqlens_q, _k)
+    packed instead: q, o, do (total_q, H, D), k, v (total_k, H_kv, D), one "batch" of every
+    sequence whose programs find their rows from cu_seqlens. The kernels read the tensors, and
+    write dq, dk, dv, in that layout, contiguous (a tensor that is not contiguous is copied into
+    it first)."""
+    D = q.shape[-1]
+    q, k, v, o = (t.contiguous() for t in (q, k, v, o))
+    do = do.to(q.dtype).contiguous()
+    # (batch, head, row) strides in rows of D, of q, o, do, dq and of k, v, dk, dv; and the rows
+    # of lse2 and delta, (B, H, rows_q) fp32 for both layouts (B = 1 packed)
+    if cu:  # packed: token t, head h is row t·H + h; sequence b starts at token cu_seqlens[b]
+        (rows_q, H), (rows_k, H_kv), B = q.shape[:2], k.shape[:2], 1
+        strides_q, strides_k, strides_l = (0, 1, H), (0, 1, H_kv), (0, rows_q)
+    else:
+        B, H, rows_q = q.shape[:3]
+        H_kv, rows_k = k.shape[1:3]
+        strides_q, strides_k = (H * rows_q, rows_q, 1), (H_kv * rows_k, rows_k, 1)
+        strides_l = (H * rows_q, rows_q)
     refuse_bf16_in_interpreter(q, k, v, do, names=("q", "k", "v", "do"))
     cfg = config or default_config(D)
     cfg.check(D)
@@ -317,23 +355,19 @@ def _backward(do, q, k, v, o, lse, sm_scale, window, softcap, alibi_slopes, sink
     if splits < 1 or group % splits:
         raise ValueError(f"splits={splits} must divide the GQA group size {group}")
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    rows_q, rows_k = q.shape[2], k.shape[2]
+    lse = lse.contiguous().reshape(B, H, rows_q)
     delta = torch.empty((B, H, rows_q), dtype=acc_dtype, device=q.device)
     lse2 = torch.empty_like(delta)
     dummy = delta
     alibi = alibi_slopes if alibi_slopes is not None else dummy
     alibi_b = alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.ndim == 2 else 0
     cu_args = cu or (dummy, dummy)
-    # varlen: one "batch" of every sequence, each program finds its own rows from cu_seqlens
-    strides_q = (0, rows_q) if cu else (H * rows_q, rows_q)
-    strides_k = (0, rows_k) if cu else (H_kv * rows_k, rows_k)
     left, right = (int(w) for w in window)
     meta = {"HEAD_DIM": D, "HAS_SOFTCAP": softcap > 0, "HAS_ALIBI": alibi_slopes is not None,
             "VARLEN": bool(cu), "DOT_PRECISION": dot_precision(q.dtype)}
     with interpreter_errstate():  # exp2 of scores outside the band may overflow before tl.where
         _bwd_preprocess_kernel[(triton.cdiv(rows_q, cfg.block_pre), B * H)](
-            o, do, lse.reshape(B, H, rows_q), delta, lse2, rows_q, HEAD_DIM=D,
-            BLOCK_M=cfg.block_pre)
+            o, do, lse, delta, lse2, rows_q, H, *strides_q, HEAD_DIM=D, BLOCK_M=cfg.block_pre)
         if splits == 1:
             dk, dv = torch.empty_like(k), torch.empty_like(v)
         else:  # fp32 partial sums, one per split of the group
@@ -341,7 +375,7 @@ def _backward(do, q, k, v, o, lse, sm_scale, window, softcap, alibi_slopes, sink
             dv = torch.empty_like(dk)
         common = (float(sm_scale), float(softcap) or 1.0, left, right, H, H_kv, N_q, N_k)
         kv_args = (q, k, v, do, lse2, delta, dk, dv, alibi, *cu_args, *strides_q, *strides_k,
-                   alibi_b, k.numel() // D, *common, group // splits, n_bucket)
+                   *strides_l, alibi_b, k.numel() // D, *common, group // splits, n_bucket)
         grid_kv = (triton.cdiv(N_k, cfg.block_n1), splits * n_seq * H_kv)
         if tuned:
             _dkdv_tuned[lambda m: (triton.cdiv(N_k, m["BLOCK_N"]), grid_kv[1])](*kv_args, **meta)
@@ -353,8 +387,8 @@ def _backward(do, q, k, v, o, lse, sm_scale, window, softcap, alibi_slopes, sink
         if splits > 1:
             dk, dv = dk.sum(0).to(k.dtype), dv.sum(0).to(v.dtype)
         dq = torch.empty_like(q)
-        q_args = (q, k, v, do, lse2, delta, dq, alibi, *cu_args, *strides_q, *strides_k, alibi_b,
-                  *common, n_bucket)
+        q_args = (q, k, v, do, lse2, delta, dq, alibi, *cu_args, *strides_q, *strides_k,
+                  *strides_l, alibi_b, *common, n_bucket)
         meta_q = {**meta, "LONGEST_FIRST": (left, right) == (-1, 0)}
         if tuned:
             _dq_tuned[lambda m: (triton.cdiv(N_q, m["BLOCK_M"]), n_seq * H)](*q_args, **meta_q)
@@ -365,7 +399,7 @@ def _backward(do, q, k, v, o, lse, sm_scale, window, softcap, alibi_slopes, sink
                 num_stages=cfg.stages_q)
     dsinks = None
     if sinks is not None:  # d sink_h = −Σ_i e^{sink_h − lse_i} delta_i, over batch and rows
-        lse_f = lse.reshape(B, H, rows_q).to(acc_dtype)
+        lse_f = lse.to(acc_dtype)
         p_sink = torch.exp(sinks.to(acc_dtype)[None, :, None] - lse_f)
         dsinks = -(p_sink * delta).sum((0, 2)).to(sinks.dtype)
     return dq, dk, dv, dsinks
@@ -377,11 +411,8 @@ def backward_variants(do, q, k, v, o, lse, sm_scale: float, window: tuple[int, i
     """Gradients (dq, dk, dv, dsinks) of ``forward_variants`` for ``dO = do`` (dsinks None
     without sinks). q, o, do (B, H, N_q, D); k, v (B, H_kv, N_k, D); lse (B, H, N_q) natural
     log, the forward's (with the sink). ``window`` normalised (``validate.check_variants``)."""
-    N_q, N_k = q.shape[2], k.shape[2]
-    q, k, v, o = (t.contiguous() for t in (q, k, v, o))
-    do = do.to(q.dtype).contiguous()
-    return _backward(do, q, k, v, o, lse.contiguous(), sm_scale, window, softcap, alibi_slopes,
-                     sinks, None, N_q, N_k, config, splits)
+    return _backward(do, q, k, v, o, lse, sm_scale, window, softcap, alibi_slopes, sinks, None,
+                     q.shape[2], k.shape[2], config, splits)
 
 
 def backward_variants_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
@@ -389,15 +420,10 @@ def backward_variants_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, ma
                              softcap: float, alibi_slopes=None, sinks=None,
                              config: BwdConfig | None = None):
     """Gradients (dq, dk, dv, dsinks) of ``forward_variants_varlen``: q, o, do (total_q, H, D),
-    k, v (total_k, H_kv, D), lse (H, total_q). Returned in the packed layout."""
-    def heads_first(t):  # (total, H, D) -> (1, H, total, D), contiguous
-        return t.transpose(0, 1).contiguous()[None]
-    qh, kh, vh, oh = (heads_first(t) for t in (q, k, v, o))
-    doh = heads_first(do.to(q.dtype))
-    dq, dk, dv, dsinks = _backward(doh, qh, kh, vh, oh, lse.contiguous(), sm_scale, window,
-                                   softcap, alibi_slopes, sinks, (cu_seqlens_q, cu_seqlens_k),
-                                   int(max_seqlen_q), int(max_seqlen_k), config, 1)
-    return (dq[0].transpose(0, 1), dk[0].transpose(0, 1), dv[0].transpose(0, 1), dsinks)
+    k, v (total_k, H_kv, D), lse (H, total_q). The kernels read the packed tensors where they
+    lie and write dq, dk, dv in the same layout, contiguous: no heads-first copy."""
+    return _backward(do, q, k, v, o, lse, sm_scale, window, softcap, alibi_slopes, sinks,
+                     (cu_seqlens_q, cu_seqlens_k), int(max_seqlen_q), int(max_seqlen_k), config, 1)
 
 
 __all__ = ["backward_variants", "backward_variants_varlen"]

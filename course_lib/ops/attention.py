@@ -26,46 +26,10 @@ from course_lib.kernels.attention_common import (
 )
 from course_lib.kernels.flash_bwd import flash_attn_v2_backward
 from course_lib.kernels.flash_v2 import bound_launch, forward_portable
-from course_lib.kernels.flash_v2_hopper import forward_hopper, tma_compatible
+from course_lib.kernels.flash_v2_hopper import forward_hopper
+from course_lib.ops.impl import HOPPER_MIN_PAIRS, IMPLS, best_impl  # noqa: F401 (re-exported)
 from course_lib.ops.variants import NO_WINDOW, check_call, flash_attn_variants
 from course_lib.validate import check_attention_inputs, check_sm_scale
-
-
-def _available_impls() -> tuple[str, ...]:
-    if DEVICE == "cpu":
-        return ("portable", "hopper")  # the interpreter runs both kernels
-    if torch.cuda.get_device_capability()[0] >= 9:
-        return ("portable", "hopper")
-    return ("portable",)
-
-
-IMPLS = _available_impls()
-
-
-# The Hopper kernel from this much work on: B·H·N_q·N_k query-key pairs (see best_impl).
-HOPPER_MIN_PAIRS = 1 << 28
-
-
-def best_impl(q: torch.Tensor, k: torch.Tensor | None = None,
-              v: torch.Tensor | None = None) -> str:
-    """The implementation ``impl=None`` picks: the Hopper kernel on sm_90 for power-of-two head
-    dims of 64 and more (its TMA tiles span exactly D) and at least ``HOPPER_MIN_PAIRS``
-    query-key pairs (B·H·N_q·N_k), when every input suits TMA (``tma_compatible``); else the
-    portable one. The measurements behind it: the Hopper kernel is faster on the GPU at every
-    shape of the sweep from D 64 on (B·N = 32k: course_lib/data/attention_fwd.json), but even
-    its bound launch has Triton's launcher encode four TMA descriptors, so a call costs the
-    host about 13 µs more. At the capstone's shape (B 1, H 32, H_kv 8, D 64, bf16, causal) on
-    an H100, session 11 (course_lib/data/perf_notes.md): N 2048 (2^27 pairs), GPU 65.9 µs
-    portable and 66.0 µs Hopper, host 19.8 and 33.0 µs; N 4096 (2^29), GPU 201.4 and 177.1 µs."""
-    D = q.shape[-1]
-    B, H, N_q = q.shape[0], q.shape[1], q.shape[2]
-    N_k = k.shape[-2] if k is not None else N_q
-    if (DEVICE == "cuda" and "hopper" in IMPLS and D >= 64 and D & (D - 1) == 0
-            and B * H * N_q * N_k >= HOPPER_MIN_PAIRS):
-        if all(tma_compatible(t) for t in (q, k, v) if t is not None):
-            return "hopper"
-    return "portable"
-
 
 _FORWARDS = {"portable": forward_portable, "hopper": forward_hopper}  # impl -> its launcher
 
@@ -101,19 +65,19 @@ def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=N
     p − left <= j <= p + right (−1: unbounded; ``causal`` is right = 0); ``softcap`` c > 0,
     s = c·tanh(s / c) on the scaled scores; ``alibi_slopes`` (H,) or (B, H) fp32 adds
     −slope·|p − j|; ``sinks`` (H,) fp32, a learnable per-head logit in the softmax's denominator
-    with no value (its gradient too). A call with any of them runs the variants' kernels
-    (``impl`` None or "portable"); a row that sees no key gets O = 0 and lse = −inf (the sink).
+    with no value (its gradient too). A call with any of them runs the variants' kernels (the
+    portable one or, where ``best_impl`` or ``impl`` says so, the TMA one); a row that sees no
+    key gets O = 0 and lse = −inf (the sink).
     """
     if window_size is not NO_WINDOW or softcap or alibi_slopes is not None or sinks is not None:
         sm_scale, window, softcap = check_call(q, k, v, causal, sm_scale, window_size, softcap,
                                                alibi_slopes, sinks)
         dense = softcap == 0 and alibi_slopes is None and sinks is None
         if not (dense and window in (NO_WINDOW, (-1, 0))):
-            if impl not in (None, "portable"):
-                raise ValueError(f"impl must be None or 'portable' with window_size, softcap, "
-                                 f"alibi_slopes or sinks (the variants' kernel), got {impl!r}")
+            if impl is not None and impl not in IMPLS:
+                raise ValueError(f"impl must be None or one of {IMPLS}, got {impl!r}")
             return flash_attn_variants(q, k, v, sm_scale, window, softcap, alibi_slopes, sinks,
-                                       return_lse)
+                                       return_lse, impl)
         causal = window == (-1, 0)  # plain (causal) attention spelt as a window: the dense path
     checked_key = None
     if _REMEMBER and not torch.compiler.is_compiling() and not return_lse:

@@ -5,7 +5,9 @@ softcap=, alibi_slopes=, sinks=)`` (``course_lib.ops.attention``) sends a call w
 here, and ``flash_attn_varlen`` takes packed sequences; both with FlashAttention's arguments
 and semantics (github.com/Dao-AILab/flash-attention, ``flash_attn_func`` and
 ``flash_attn_varlen_func``), sinks as GPT-OSS's per-head logit. The kernels are
-``kernels/flash_variants.py`` (forward) and ``kernels/flash_variants_bwd.py`` (backward).
+``kernels/flash_variants.py`` (the portable forward, and every packed call),
+``kernels/flash_variants_hopper.py`` (the TMA forward, where ``ops.impl.best_impl`` picks the
+Hopper kernel) and ``kernels/flash_variants_bwd.py`` (backward).
 
 Each direction is a ``torch.library`` operator with a fake implementation, so
 ``torch.compile(fullgraph=True)`` traces through it: ``course::flash_attn_variants_fwd`` /
@@ -26,6 +28,8 @@ from course_lib._device import DEVICE
 from course_lib.kernels.attention_common import MAX_GRID_Y, allocate_outputs
 from course_lib.kernels.flash_variants import forward_variants, forward_variants_varlen
 from course_lib.kernels.flash_variants_bwd import backward_variants, backward_variants_varlen
+from course_lib.kernels.flash_variants_hopper import MEASURED_HEAD_DIMS, forward_variants_hopper
+from course_lib.ops.impl import best_impl
 from course_lib.validate import (
     check_attention_inputs,
     check_sm_scale,
@@ -48,17 +52,34 @@ def check_call(q, k, v, causal, sm_scale, window_size, softcap, alibi_slopes, si
     return sm_scale, window, softcap
 
 
+_FORWARDS = {"portable": forward_variants, "hopper": forward_variants_hopper}
+
+
+def _forward(q, k, v, sm_scale, window, softcap, alibi_slopes, sinks, impl, store_lse=True):
+    """The launcher ``impl`` names. "auto": ``best_impl``'s pick (the dense kernels' rule) for
+    the head dims whose TMA config was measured with the variants (``MEASURED_HEAD_DIMS``), the
+    portable kernel for the others."""
+    if impl == "auto":
+        impl = best_impl(q, k, v) if q.shape[-1] in MEASURED_HEAD_DIMS else "portable"
+    return _FORWARDS[impl](q, k, v, sm_scale, window, softcap, alibi_slopes, sinks,
+                           store_lse=store_lse)
+
+
 def flash_attn_variants(q, k, v, sm_scale, window, softcap, alibi_slopes, sinks,
-                        return_lse=False):
-    """The variants' forward (and autograd) on checked arguments (``check_call``)."""
+                        return_lse=False, impl=None):
+    """The variants' forward (and autograd) on checked arguments (``check_call``); ``impl``
+    None (``best_impl``), "portable" or "hopper"."""
+    if impl is not None and impl not in _FORWARDS:
+        raise ValueError(f"impl must be None, 'portable' or 'hopper', got {impl!r}")
+    impl = impl or "auto"
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, sinks))
     if needs_grad or torch.compiler.is_compiling() or return_lse:
         o, lse = torch.ops.course.flash_attn_variants_fwd(
-            q, k, v, sm_scale, window[0], window[1], softcap, alibi_slopes, sinks)
+            q, k, v, sm_scale, window[0], window[1], softcap, alibi_slopes, sinks, impl)
     else:  # eager, no autograd: the launcher directly, without the dispatcher, and no lse
-        o, lse = forward_variants(q, k, v, sm_scale, window, softcap, alibi_slopes, sinks,
-                                  store_lse=False)
+        o, lse = _forward(q, k, v, sm_scale, window, softcap, alibi_slopes, sinks, impl,
+                          store_lse=False)
     return (o, lse) if return_lse else o
 
 
@@ -111,8 +132,8 @@ _LIB = torch.library.Library("course", "FRAGMENT")
 _VARIANTS = ("float sm_scale, int window_left, int window_right, float softcap, "
              "Tensor? alibi_slopes, Tensor? sinks")
 _VARLEN = "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k"
-_LIB.define(f"flash_attn_variants_fwd(Tensor q, Tensor k, Tensor v, {_VARIANTS}) "
-            "-> (Tensor, Tensor)")
+_LIB.define(f"flash_attn_variants_fwd(Tensor q, Tensor k, Tensor v, {_VARIANTS}, "
+            "str impl='auto') -> (Tensor, Tensor)")
 _LIB.define("flash_attn_variants_bwd(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, "
             f"Tensor lse, {_VARIANTS}) -> (Tensor, Tensor, Tensor, Tensor)")
 _LIB.define(f"flash_attn_varlen_fwd(Tensor q, Tensor k, Tensor v, {_VARLEN}, {_VARIANTS}) "
@@ -126,11 +147,11 @@ def _dsinks_or_empty(dsinks, q):
     return dsinks if dsinks is not None else q.new_empty((0,), dtype=torch.float32)
 
 
-def _fwd(q, k, v, sm_scale, left, right, softcap, alibi_slopes, sinks):
-    return forward_variants(q, k, v, sm_scale, (left, right), softcap, alibi_slopes, sinks)
+def _fwd(q, k, v, sm_scale, left, right, softcap, alibi_slopes, sinks, impl="auto"):
+    return _forward(q, k, v, sm_scale, (left, right), softcap, alibi_slopes, sinks, impl)
 
 
-def _fwd_fake(q, k, v, sm_scale, left, right, softcap, alibi_slopes, sinks):
+def _fwd_fake(q, k, v, sm_scale, left, right, softcap, alibi_slopes, sinks, impl="auto"):
     return allocate_outputs(q)
 
 
@@ -161,7 +182,7 @@ def _varlen_bwd(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, sm_scale, left, r
     dq, dk, dv, dsinks = backward_variants_varlen(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k,
                                                   sm_scale, (left, right), softcap,
                                                   alibi_slopes, sinks)
-    return dq.contiguous(), dk.contiguous(), dv.contiguous(), _dsinks_or_empty(dsinks, q)
+    return dq, dk, dv, _dsinks_or_empty(dsinks, q)
 
 
 def _varlen_bwd_fake(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, sm_scale, left, right,
@@ -173,9 +194,10 @@ def _setup(ctx, inputs, output):
     q, k, v, *rest = inputs
     n_varlen = 4 if len(rest) == 10 else 0  # cu_seqlens_q, cu_seqlens_k, max_seqlen_q, _k
     o, lse = output
+    ctx.n_inputs = len(inputs)  # (the dense operator's impl, given or not)
     ctx.varlen = rest[:n_varlen]
     ctx.args = rest[n_varlen:n_varlen + 4]  # sm_scale, left, right, softcap
-    alibi_slopes, sinks = rest[n_varlen + 4:]
+    alibi_slopes, sinks = rest[n_varlen + 4:n_varlen + 6]
     ctx.has_sinks = sinks is not None
     ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, sinks)
     ctx.mark_non_differentiable(lse)
@@ -192,7 +214,8 @@ def _backward(ctx, do, _dlse):
         dq, dk, dv, dsinks = torch.ops.course.flash_attn_variants_bwd(
             do, q, k, v, o, lse, *ctx.args, alibi_slopes, sinks)
         grads = (dq, dk, dv)
-    return (*grads, None, None, None, None, None, dsinks if ctx.has_sinks else None)
+    grads = (*grads, None, None, None, None, None, dsinks if ctx.has_sinks else None)
+    return grads + (None,) * (ctx.n_inputs - len(grads))
 
 
 for _name, _impl, _fake in (("flash_attn_variants_fwd", _fwd, _fwd_fake),

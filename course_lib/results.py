@@ -936,7 +936,7 @@ def facts() -> dict[str, Fact]:
             ours, sdpa = row[f"{phase}_ms_course_kernels"], row[f"{phase}_ms_sdpa"]
             add(f"llama_{phase}_{n}", f"{ours:.1f} / {sdpa:.1f} ms", "README",
                 f"data/llama.json prompt {n}: {phase} ms, course kernels / SDPA")
-    _pairs_fact(add, "llama", llama, 512, "decode", "src:course_lib/hf.py")
+    _pairs_fact(add, "llama", llama, 512, "decode", "src:course_lib/hf/capstone.py")
 
     # Drop-in use (issue 20): eager and graphed decode, host time, padded head dims, compiled
     drop = load_result("dropin")

@@ -23,6 +23,7 @@ import torch
 pytest.importorskip("transformers", reason="transformers (the course's [hf] extra) is missing")
 
 from course_lib import DEVICE, hf  # noqa: E402
+from course_lib.hf import attention as hf_attention  # noqa: E402
 from course_lib.testing import assert_close_2x, errors  # noqa: E402
 
 
@@ -203,7 +204,7 @@ def test_mask_function_returns_none_for_plain_causal():
     used[0, :6], used[1, :4] = True, True
     lengths = hf.course_attention_mask(2, 1, 10, q_offset=5, attention_mask=used)
     assert lengths.dtype == torch.int32 and lengths.view(-1).tolist() == [6, 4]
-    assert hf._lengths_range(lengths) == (4, 6)  # known from the check: no second read back
+    assert hf_attention._lengths_range(lengths) == (4, 6)  # known: no second read back
 
 
 def test_mask_function_turns_padding_into_key_ranges():
@@ -264,7 +265,7 @@ def test_the_sliding_window_is_inclusive_as_transformers_draws_it(window):
     padding[1, :4] = False
     drawn = sdpa_mask(batch_size=2, q_length=5, kv_length=12, q_offset=7, mask_function=fn,
                       attention_mask=padding, allow_is_causal_skip=False)
-    keys, _ = hf._keys_in_mask(drawn, 5, 12, left=window - 1)
+    keys, _ = hf_attention._keys_in_mask(drawn, 5, 12, left=window - 1)
     direct = hf.course_attention_mask(2, 5, 12, q_offset=7, mask_function=fn,
                                       attention_mask=padding, local_size=window)
     assert direct.view(2, 4).tolist() == [[0, 5, 0, 12], [0, 5, 4, 12]]
@@ -391,12 +392,12 @@ def test_a_2d_mask_without_padding_is_one_flag_read_back(monkeypatch):
                 return hf.course_attention_mask(2, n_q, n_max, q_offset=q_offset,
                                                 attention_mask=seen, device=DEVICE)
 
-            with mock.patch.object(hf, "sdpa_mask", side_effect=AssertionError("drawn")):
+            with mock.patch.object(hf_attention, "sdpa_mask", side_effect=AssertionError("drawn")):
                 assert _reads_back(step, monkeypatch) == 1
                 lengths = step()
             assert lengths.dtype == torch.int32 and lengths.shape == (2, 1, 1, 1)
             assert lengths.view(-1).tolist() == [6 + n_q] * 2
-            assert hf._lengths_range(lengths) == (6 + n_q, 6 + n_q)  # no second read-back
+            assert hf_attention._lengths_range(lengths) == (6 + n_q, 6 + n_q)  # no second read-back
             # nothing kept alive once the model lets go: a tensor held from one generate to the
             # next moves the next static cache in memory, and a compiled step records anew
             gone = weakref.ref(lengths)
@@ -410,7 +411,7 @@ def test_a_2d_mask_without_padding_is_one_flag_read_back(monkeypatch):
         return hf.course_attention_mask(2, 1, n_max, q_offset=torch.tensor([6], device=DEVICE),
                                         attention_mask=padded, device=DEVICE)
 
-    with mock.patch.object(hf, "sdpa_mask", side_effect=AssertionError("drawn")):
+    with mock.patch.object(hf_attention, "sdpa_mask", side_effect=AssertionError("drawn")):
         assert _reads_back(padded_step, monkeypatch) == 1
         ranges = padded_step()
     assert ranges.view(2, 4).tolist() == [[0, 1, 0, 7], [0, 1, 2, 7]]

@@ -40,21 +40,32 @@ SOFTCAP = 30.0
 CAUSAL, WINDOWED = (-1, 0), (WINDOW, 0)
 
 
-def _ours(q, k, v, backward, impl="portable", **kw):
+def _cases() -> dict:
+    """The variants timed, {name: (window, keywords)}: the window also says which pairs the
+    FLOPs count. The ALiBi slopes and the sinks are drawn once, for every provider."""
+    return {"causal": (CAUSAL, {}), f"window {WINDOW}": (WINDOWED, {}),
+            "causal softcap": (CAUSAL, {"softcap": SOFTCAP}),
+            "causal alibi": (CAUSAL, {"alibi_slopes": torch.rand(H, device="cuda") * 0.1}),
+            "causal sinks": (CAUSAL, {"sinks": torch.randn(H, device="cuda")})}
+
+
+def _ours(q, k, v, backward, window, impl="portable", config=None, softcap=0.0,
+          alibi_slopes=None, sinks=None):
     """Our variants' kernels (also for plain causal, which ``flash_attn_v2`` would send to the
     dense ones): the launcher directly for the forward (no lse; ``impl`` "portable" or
-    "hopper"), the operator under autograd for the backward."""
+    "hopper", the latter with a fixed ``config`` if given), the operator under autograd for the
+    backward."""
     from course_lib.kernels.flash_variants import forward_variants
     from course_lib.kernels.flash_variants_hopper import forward_variants_hopper
 
-    window, softcap = kw["window"], kw.get("softcap", 0.0)
-    alibi, sinks = kw.get("alibi_slopes"), kw.get("sinks")
-    forward = forward_variants_hopper if impl == "hopper" else forward_variants
+    extras = (softcap, alibi_slopes, sinks)
+    if not backward and impl == "hopper":
+        return lambda: forward_variants_hopper(q, k, v, D ** -0.5, window, *extras,
+                                               store_lse=False, config=config)
     if not backward:
-        return lambda: forward(q, k, v, D ** -0.5, window, softcap, alibi, sinks,
-                               store_lse=False)
+        return lambda: forward_variants(q, k, v, D ** -0.5, window, *extras, store_lse=False)
     return _grad_of(lambda *t: torch.ops.course.flash_attn_variants_fwd(
-        *t, D ** -0.5, window[0], window[1], softcap, alibi, sinks)[0], q, k, v)
+        *t, D ** -0.5, window[0], window[1], *extras)[0], q, k, v)
 
 
 def _grad_of(fn, q, k, v):
@@ -68,24 +79,14 @@ def _grad_of(fn, q, k, v):
 def _providers(q, k, v, backward):
     from course_lib.ops import flash_attn_v2
 
-    slopes = torch.rand(H, device="cuda") * 0.1
-    sinks = torch.randn(H, device="cuda")
-    fns = {  # name: (fn, window the FLOPs count)
-        "variants causal": (_ours(q, k, v, backward, window=CAUSAL), CAUSAL),
-        f"variants window {WINDOW}": (_ours(q, k, v, backward, window=WINDOWED), WINDOWED),
-        "variants causal softcap": (_ours(q, k, v, backward, window=CAUSAL, softcap=SOFTCAP),
-                                    CAUSAL),
-        "variants causal alibi": (_ours(q, k, v, backward, window=CAUSAL, alibi_slopes=slopes),
-                                  CAUSAL),
-        "variants causal sinks": (_ours(q, k, v, backward, window=CAUSAL, sinks=sinks), CAUSAL),
-    }
-    if not backward:  # the TMA forward (the backward is one kernel for both)
-        for name, (_, w) in list(fns.items()):
-            extra = {"softcap": SOFTCAP} if "softcap" in name else (
-                {"alibi_slopes": slopes} if "alibi" in name else (
-                    {"sinks": sinks} if "sinks" in name else {}))
-            fns[name.replace("variants", "variants hopper")] = (
-                _ours(q, k, v, False, "hopper", window=w, **extra), w)
+    cases = _cases()
+    slopes = cases["causal alibi"][1]["alibi_slopes"]  # (FlexAttention's score mod below)
+    # name: (fn, window the FLOPs count); the TMA forward too (the backward is one for both)
+    fns = {f"variants {name}": (_ours(q, k, v, backward, w, **kw), w)
+           for name, (w, kw) in cases.items()}
+    if not backward:
+        fns.update({f"variants hopper {name}": (_ours(q, k, v, False, w, "hopper", **kw), w)
+                    for name, (w, kw) in cases.items()})
     for impl, label in (("portable", "portable"), (None, "auto")):
         def dense(*t, impl=impl):
             return flash_attn_v2(*t, causal=True, impl=impl)
@@ -166,49 +167,32 @@ def run(rounds: int = 7, backward: bool = False) -> dict:
             "method": __doc__.strip().split("\n\n")[2].replace("\n", " "), "rows": rows}
 
 
-TILE_CANDIDATES = {128: None}  # head dim: the candidates (None: all)
-
-
 def run_tiles(rounds: int = 3) -> dict:
     """Every candidate tile config of the TMA variants' forward, fixed, in turns (see above)."""
     from course_lib.kernels import flash_variants_hopper as fvh
-    from course_lib.kernels.flash_variants import forward_variants
     from course_lib.ops import flash_attn_v2
 
     require_gpu("the variants' tile benchmark")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, generator=g)
+               for _ in range(3))
+    fns = {}  # (config, case, window): fn
+    for case, (w, kw) in _cases().items():
+        for c in fvh.VARIANTS_HOPPER_CONFIGS:
+            fns[(str(list(fvh._shape(c))), case, w)] = _ours(q, k, v, False, w, "hopper", c, **kw)
+        fns[("portable", case, w)] = _ours(q, k, v, False, w, **kw)
+    for impl in ("portable", "hopper"):
+        fns[(f"dense {impl}", "causal", CAUSAL)] = (
+            lambda impl=impl: flash_attn_v2(q, k, v, causal=True, impl=impl))
+    times, errors = _time_in_turns(fns, rounds)
     rows = []
-    for d, wanted in TILE_CANDIDATES.items():
-        h = H * D // d
-        g = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn(B, h, N, d, device="cuda", dtype=torch.bfloat16, generator=g)
-                   for _ in range(3))
-        cases = {"causal": (CAUSAL, 0.0, None, None),
-                 f"window {WINDOW}": (WINDOWED, 0.0, None, None),
-                 "causal softcap": (CAUSAL, SOFTCAP, None, None),
-                 "causal alibi": (CAUSAL, 0.0, torch.rand(h, device="cuda") * 0.1, None),
-                 "causal sinks": (CAUSAL, 0.0, None, torch.randn(h, device="cuda"))}
-        configs = [c for c in fvh.VARIANTS_HOPPER_CONFIGS
-                   if wanted is None or fvh._shape(c) in wanted]
-        fns = {}
-        for case, (w, cap, alibi, sinks) in cases.items():
-            for c in configs:
-                fns[(str(list(fvh._shape(c))), case, w)] = (
-                    lambda c=c, w=w, cap=cap, a=alibi, s=sinks: fvh.forward_variants_hopper(
-                        q, k, v, d ** -0.5, w, cap, a, s, store_lse=False, config=c))
-            fns[("portable", case, w)] = (
-                lambda w=w, cap=cap, a=alibi, s=sinks: forward_variants(
-                    q, k, v, d ** -0.5, w, cap, a, s, store_lse=False))
-        for impl in ("portable", "hopper"):
-            fns[(f"dense {impl}", "causal", CAUSAL)] = (
-                lambda impl=impl: flash_attn_v2(q, k, v, causal=True, impl=impl))
-        times, errors = _time_in_turns(fns, rounds)
-        for (config, case, w), t in times.items():
-            ms = _median(t)
-            flops = 4.0 * B * h * d * visible_pairs(N, N, w)
-            rows.append({"D": d, "H": h, "config": config, "case": case, "ms": ms,
-                         "rounds_ms": t, "tflops_visited": flops / (ms * 1e-3) / 1e12 if ms
-                         else None, "error": errors.get((config, case, w))})
-            print(d, config, case, ms, rows[-1]["tflops_visited"], flush=True)
+    for (config, case, w), t in times.items():
+        ms = _median(t)
+        flops = 4.0 * B * H * D * visible_pairs(N, N, w)
+        rows.append({"D": D, "H": H, "config": config, "case": case, "ms": ms, "rounds_ms": t,
+                     "tflops_visited": flops / (ms * 1e-3) / 1e12 if ms else None,
+                     "error": errors.get((config, case, w))})
+        print(config, case, ms, rows[-1]["tflops_visited"], flush=True)
     return {"environment": environment(),
             "shape": {"B": B, "N": N, "H·D": H * D, "dtype": "bf16", "window": WINDOW,
                       "softcap": SOFTCAP},

@@ -59,7 +59,7 @@ from course_lib.kernels.band import (
     _key_limits,
     _variant_scores,
 )
-from course_lib.kernels.flash_v2_hopper import _descriptor, tma_ready
+from course_lib.kernels.flash_v2_hopper import _descriptor, _set_block_shapes, tma_ready
 
 
 @triton.jit
@@ -146,8 +146,8 @@ def _flash_fwd_variants_hopper_kernel(
                                       full_hi, hi, q_offset, sm_scale, softcap, slope, j_lo,
                                       j_hi, HEAD_DIM, BLOCK_N, True, True, HAS_SOFTCAP,
                                       HAS_ALIBI, DOT_PRECISION, ROWSUM_MMA)
-            # a score more than 2^16 above the reference made P overflow (fp16: inf): again,
-            # with the running max (NaN fails the test too)
+            # a weight 2^(s − m) above fp16's 65504 made P overflow (inf): again, with the
+            # running max (NaN fails the test too)
             redo = tl.max(tl.where(tl.abs(acc) < float("inf"), 0, 1)) > 0
     else:
         redo = True
@@ -174,13 +174,6 @@ def _flash_fwd_variants_hopper_kernel(
     desc_o.store([b, h, start_m, 0], o.to(desc_o.dtype).reshape(1, 1, BLOCK_M, HEAD_DIM))
     if STORE_LSE:
         tl.store(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
-
-
-def _set_block_shapes(nargs):
-    """Autotune pre-hook: the descriptors' tile shapes follow the config being tried."""
-    bm, bn, d = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["HEAD_DIM"]
-    for name, rows in (("desc_q", bm), ("desc_o", bm), ("desc_k", bn), ("desc_v", bn)):
-        nargs[name].block_shape = [1, 1, rows, d]
 
 
 def _cfg(bm, bn, warps, stages, rowsum_mma=False, pinned_max=True):

@@ -67,10 +67,8 @@ def _forward(q, k, v, sm_scale, window, softcap, alibi_slopes, sinks, impl, stor
 
 def flash_attn_variants(q, k, v, sm_scale, window, softcap, alibi_slopes, sinks,
                         return_lse=False, impl=None):
-    """The variants' forward (and autograd) on checked arguments (``check_call``); ``impl``
-    None (``best_impl``), "portable" or "hopper"."""
-    if impl is not None and impl not in _FORWARDS:
-        raise ValueError(f"impl must be None, 'portable' or 'hopper', got {impl!r}")
+    """The variants' forward (and autograd) on checked arguments (``check_call``, and ``impl``
+    None (``best_impl``) or one of ``IMPLS``, as ``flash_attn_v2`` checks it)."""
     impl = impl or "auto"
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, sinks))

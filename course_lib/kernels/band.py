@@ -11,7 +11,8 @@ Introduced in notebooks/15_attention_variants.ipynb.
   (``masks.key_bounds``), for the masked tiles;
 * ``_tanh``, ``_variant_scores``: softcap and ALiBi on a tile of raw scores, in q·k's units;
 * ``_sequence``: where sequence b of packed sequences (varlen) starts, and its lengths;
-* ``_join_sink``: a head's sink joins a row's softmax after the key loop (the forward kernels).
+* ``_join_sink``: a head's sink joins a row's softmax after the key loop (the forward kernels,
+  and the decode's split kernel where it is the only split).
 
 Speed: not benchmarked on its own; the kernels that use it state theirs.
 """
@@ -84,11 +85,12 @@ def _variant_scores(qk, offs_m, offs_n, q_offset, sm_scale, softcap, slope,
 
 
 @triton.jit
-def _join_sink(acc, m_i, l_i, SINKS, h):
-    """The sink of head ``h`` as one more term of the denominator, e^{sink}, with no value:
-    (acc, m, l) of the online softmax (exp2 domain) after the last key block. A row that saw no
-    key (m = −inf) ends with acc = 0, m = the sink and l = 1: O = 0, lse = the sink."""
-    sink = tl.load(SINKS + h).to(tl.float32) * 1.4426950408889634  # the exp2 domain
+def _join_sink(acc, m_i, l_i, sink):
+    """The sink logit ``sink`` (natural log, fp32; one per row or one for all) as one more term
+    of the denominator, e^{sink}, with no value: (acc, m, l) of the online softmax (exp2 domain)
+    after the last key block. A row that saw no key (m = −inf) ends with acc = 0, m = the sink
+    and l = 1: O = 0, lse = the sink."""
+    sink = sink * 1.4426950408889634  # the exp2 domain
     m_new = tl.maximum(m_i, sink)
     alpha = tl.math.exp2(m_i - m_new)  # a row that saw no key: m_i = −inf, α = 0
     l_i = l_i * alpha + tl.math.exp2(sink - m_new)

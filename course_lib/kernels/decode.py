@@ -59,7 +59,7 @@ from course_lib._device import INTERPRET
 from course_lib._launch import bind as bind_launch
 from course_lib._launch import launch
 from course_lib.kernels.attention_common import _tile_mask, cdiv, next_pow2
-from course_lib.kernels.band import _band_bounds, _variant_scores
+from course_lib.kernels.band import _band_bounds, _join_sink, _variant_scores
 from course_lib.kernels.decode_merge import _decode_merge_kernel, _merge_row
 from course_lib.reference import LOG2E
 
@@ -221,12 +221,8 @@ def _decode_split_kernel(
 
     if HAS_SINKS:  # e^{sink} joins the denominator, with no value: here if no merge follows
         if NUM_SPLITS == 1:
-            sink = tl.load(SINKS + head, mask=row_ok, other=0.0) * 1.4426950408889634  # base 2
-            m_new = tl.maximum(m_i, sink)
-            alpha = tl.math.exp2(m_i - m_new)  # 0 for a row that saw no key (m_i = -inf)
-            l_i = l_i * alpha + tl.math.exp2(sink - m_new)
-            acc = acc * alpha[:, None]
-            m_i = m_new
+            acc, m_i, l_i = _join_sink(acc, m_i, l_i,
+                                       tl.load(SINKS + head, mask=row_ok, other=0.0))
     # A split with no visible key (past a short sequence's end, or before a causal row's first
     # key) has l = 0: it stores lse = -inf and o = 0, and weighs nothing in the merge.
     has_keys = l_i > 0.0

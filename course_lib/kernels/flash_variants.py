@@ -147,7 +147,7 @@ def _flash_fwd_variants_kernel(
                                     softcap, slope, j_lo, j_hi, BLOCK_N, True, HAS_SOFTCAP,
                                     HAS_ALIBI, DOT_PRECISION, PAD_D)
     if HAS_SINKS:  # one more term of the denominator, e^{sink}, with no value
-        acc, m_i, l_i = _join_sink(acc, m_i, l_i, SINKS, h)
+        acc, m_i, l_i = _join_sink(acc, m_i, l_i, tl.load(SINKS + h).to(tl.float32))
 
     o, lse = _epilogue(acc, m_i, l_i)
     o_base = O + b.to(tl.int64) * stride_ob + q_start * stride_om + h.to(tl.int64) * stride_oh

@@ -169,7 +169,7 @@ def _flash_fwd_variants_hopper_kernel(
     if ROWSUM_MMA:
         l_i = tl.max(l_i, 1)  # every column holds the same sums
     if HAS_SINKS:  # one more term of the denominator, e^{sink}, with no value
-        acc, m_i, l_i = _join_sink(acc, m_i, l_i, SINKS, h)
+        acc, m_i, l_i = _join_sink(acc, m_i, l_i, tl.load(SINKS + h).to(tl.float32))
     o, lse = _epilogue(acc, m_i, l_i)
     desc_o.store([b, h, start_m, 0], o.to(desc_o.dtype).reshape(1, 1, BLOCK_M, HEAD_DIM))
     if STORE_LSE:

@@ -37,6 +37,8 @@ LESSONS = (
            "measured speed and HBM bytes", "05_triton_flash"),
     Lesson("09_hopper", "FlashAttention-3 ideas in Triton: TMA descriptors, pipelining, "
            "autotuning", "05_triton_flash"),
+    Lesson("09b_fp8", "FP8's accuracy, emulated: e4m3 rounding, block scales, a random Hadamard "
+           "rotation of Q and K", "05_triton_flash"),
     Lesson("10_backward", "the backward pass, recomputation, Theorem 5, memory saved",
            "06_backward"),
     Lesson("11_kv_cache_gqa", "KV-cache sizes, MQA/GQA, why decoding is memory-bound",

@@ -438,6 +438,17 @@ def facts() -> dict[str, Fact]:
                 "05_triton_flash nb:09_hopper",
                 f"data/attention_fwd.json: v2-hopper / cuDNN, D {D}, N >= 4k, "
                 + ("lowest" if end == "lo" else "highest"))
+    # FP8's rounding, emulated on the CPU (lesson 09b; a test recomputes the table)
+    from course_lib.fp8 import load_table as load_fp8
+
+    fp8 = load_fp8()["schemes"]
+    block, rotated = fp8["fp8, one scale per block"], fp8["fp8, per block + rotation"]
+    add("fp8_vs_bf16", _span([block[k] / fp8["bf16"][k] for k in block], fmt="{:.0f}"),
+        "05_triton_flash", "data/fp8_errors.json: fp8 per block / bf16, RMS error of O, "
+                           "every kind of input")
+    for kind, key in (("outliers", "outliers"), ("outlier channels", "channels")):
+        add(f"fp8_rotation_{key}", f"{block[kind] / rotated[kind]:.2f}×", "05_triton_flash",
+            f"data/fp8_errors.json: fp8 per block / per block + rotation, {kind} inputs")
 
     # 06 backward -------------------------------------------------------------------------
     t = bwd.recompute_tradeoff(16384, 64, B=1, H=16, peak_tflops=h100.fp16_tensor_tflops,

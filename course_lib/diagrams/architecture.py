@@ -26,7 +26,7 @@ ROLES = (
     "public API: validated, differentiable ops",
     "kernels: @triton.jit code and launchers",
     "models: roofline, costs, KV cache",
-    "I/O counts, test helpers",
+    "I/O counts, test helpers, FP8 rounding",
     "references, hardware, softmax, input checks",
     "the variants' mask rules",
     "the device switch, the lesson map",

@@ -48,6 +48,7 @@ LESSON_MODULES = (
     "course_lib.exercises.attention",        # 04, 05, 06
     "course_lib.exercises.triton_flash_v1",  # 07
     "course_lib.exercises.flash_v2",         # 08, 09
+    "course_lib.exercises.fp8",              # 09b
     "course_lib.exercises.backward",         # 10
     "course_lib.exercises.decode",           # 11, 12, 13
     "course_lib.exercises.llama",            # 14

@@ -5,6 +5,8 @@ the standard backward.
 1. ``delta_kernel`` (Triton, the warm-up): delta = rowsum(dO ∘ O), one program per BLOCK_M rows;
 2. ``dkdv_kernel`` (Triton): one program per K/V block, the Q and dO blocks streamed past; the
    student recomputes P from the saved base-2 lse and writes the four products;
+2b. ``one_pass_kernel`` (Triton): the same loop with the fifth product, dQ = τ dS K, added into
+   an fp32 dQ by every key block's program with atomic adds (FlashAttention-2's one pass);
 3. ``attention_backward``: dQ, dK, dV of one head from the five formulas, against autograd;
 4. ``delta``: rowsum(dO ∘ O), which equals rowsum(P ∘ dP) without P;
 5. ``standard_backward_elements``: Algorithm 3's HBM accesses in closed form.
@@ -291,6 +293,152 @@ register(Exercise(
             "item 0"),
     ),
     hints=DKDV_HINTS))
+
+
+# =============================================================================================
+# 2b. one pass, five matmuls: dQ added by every key block's program (atomic adds)
+# =============================================================================================
+
+# --- what the notebook shows ----------------------------------------------------------------
+@triton.jit
+def one_pass_kernel(Q, K, V, DO, LSE2, Delta, DQ, DK, DV, sm_scale, N_Q, N_K,
+                    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+    pid_n = tl.program_id(0)  # which BLOCK_N keys
+    pid_bh = tl.program_id(1)  # which (batch, head)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    kv_ptrs = pid_bh * N_K * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    k = tl.load(K + kv_ptrs, mask=offs_n[:, None] < N_K, other=0.0)  # (BLOCK_N, HEAD_DIM)
+    v = tl.load(V + kv_ptrs, mask=offs_n[:, None] < N_K, other=0.0)  # (BLOCK_N, HEAD_DIM)
+    Q += pid_bh * N_Q * HEAD_DIM
+    DO += pid_bh * N_Q * HEAD_DIM
+    DQ += pid_bh * N_Q * HEAD_DIM  # fp32 zeros: every key block's program adds its share
+    LSE2 += pid_bh * N_Q
+    Delta += pid_bh * N_Q
+    qk_scale = sm_scale * 1.4426950408889634
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    for start_m in range(0, N_Q, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        rows = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+        q = tl.load(Q + rows, mask=offs_m[:, None] < N_Q, other=0.0)  # (BLOCK_M, HEAD_DIM)
+        do = tl.load(DO + rows, mask=offs_m[:, None] < N_Q, other=0.0)  # (BLOCK_M, HEAD_DIM)
+        lse2 = tl.load(LSE2 + offs_m, mask=offs_m < N_Q, other=float("inf"))  # (BLOCK_M,)
+        delta = tl.load(Delta + offs_m, mask=offs_m < N_Q, other=0.0)  # (BLOCK_M,)
+        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
+        if CAUSAL:
+            p = tl.where(offs_n[None, :] <= offs_m[:, None] + N_K - N_Q, p, 0.0)
+        dv = dv + tl.dot(tl.trans(p), do)
+        ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])  # (BLOCK_M, BLOCK_N)
+        dk = dk + tl.dot(tl.trans(ds), q) * sm_scale
+        dq = ...  # TODO: this key block's share of dQ for rows offs_m, (BLOCK_M, HEAD_DIM)
+        ...  # TODO: add it into DQ's rows offs_m: other programs add theirs to the same rows
+    tl.store(DK + kv_ptrs, dk, mask=offs_n[:, None] < N_K)
+    tl.store(DV + kv_ptrs, dv, mask=offs_n[:, None] < N_K)
+
+
+# --- the reference and the mistakes ---------------------------------------------------------
+@triton.jit
+def _one_pass_solution(Q, K, V, DO, LSE2, Delta, DQ, DK, DV, sm_scale, N_Q, N_K,
+                       CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr):
+    pid_n = tl.program_id(0)  # which BLOCK_N keys
+    pid_bh = tl.program_id(1)  # which (batch, head)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    kv_ptrs = pid_bh * N_K * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    k = tl.load(K + kv_ptrs, mask=offs_n[:, None] < N_K, other=0.0)  # (BLOCK_N, HEAD_DIM)
+    v = tl.load(V + kv_ptrs, mask=offs_n[:, None] < N_K, other=0.0)  # (BLOCK_N, HEAD_DIM)
+    Q += pid_bh * N_Q * HEAD_DIM
+    DO += pid_bh * N_Q * HEAD_DIM
+    DQ += pid_bh * N_Q * HEAD_DIM  # fp32 zeros: every key block's program adds its share
+    LSE2 += pid_bh * N_Q
+    Delta += pid_bh * N_Q
+    qk_scale = sm_scale * 1.4426950408889634
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    for start_m in range(0, N_Q, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        rows = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+        q = tl.load(Q + rows, mask=offs_m[:, None] < N_Q, other=0.0)  # (BLOCK_M, HEAD_DIM)
+        do = tl.load(DO + rows, mask=offs_m[:, None] < N_Q, other=0.0)  # (BLOCK_M, HEAD_DIM)
+        lse2 = tl.load(LSE2 + offs_m, mask=offs_m < N_Q, other=float("inf"))  # (BLOCK_M,)
+        delta = tl.load(Delta + offs_m, mask=offs_m < N_Q, other=0.0)  # (BLOCK_M,)
+        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
+        if CAUSAL:
+            p = tl.where(offs_n[None, :] <= offs_m[:, None] + N_K - N_Q, p, 0.0)
+        dv = dv + tl.dot(tl.trans(p), do)
+        ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])  # (BLOCK_M, BLOCK_N)
+        dk = dk + tl.dot(tl.trans(ds), q) * sm_scale
+        dq = tl.dot(ds, k) * sm_scale
+        tl.atomic_add(DQ + rows, dq, mask=offs_m[:, None] < N_Q)
+    tl.store(DK + kv_ptrs, dk, mask=offs_n[:, None] < N_K)
+    tl.store(DV + kv_ptrs, dv, mask=offs_n[:, None] < N_K)
+
+
+def prepare_one_pass(q, k, v, do, causal):
+    """One launch: a program per (BLOCK keys, batch·head); dQ fp32 zeros (the programs add into
+    it), dK and dV poisoned."""
+    BH, N_Q, D = q.shape
+    N_K = k.shape[1]
+    lse2, delta = _saved_by_forward(q, k, v, do, causal)
+    dq = torch.zeros(BH, N_Q, D, dtype=torch.float32, device=q.device)
+    dk, dv = poisoned(BH, N_K, D, like=k), poisoned(BH, N_K, D, like=k)
+    args = dict(Q=q, K=k, V=v, DO=do, LSE2=lse2, Delta=delta, DQ=dq, DK=dk, DV=dv,
+                sm_scale=D ** -0.5, N_Q=N_Q, N_K=N_K, CAUSAL=causal, HEAD_DIM=D,
+                BLOCK_M=BLOCK, BLOCK_N=BLOCK, **EXACT_DOTS)
+    return (triton.cdiv(N_K, BLOCK), BH), args, (dq, dk, dv)
+
+
+def _one_pass_autograd(q, k, v, do, causal):
+    """dQ, dK, dV of attention(q, k, v, causal) by torch.autograd, in float64."""
+    leaves = [t.double()[:, None].requires_grad_() for t in (q, k, v)]
+    o = attention(*leaves, causal=causal)
+    return tuple(g[:, 0] for g in torch.autograd.grad(o, leaves, do.double()[:, None]))
+
+
+ONE_PASS_HINTS = (
+    "section 1's last formula: dQ = τ dS K. This program holds one block of K and the dS of "
+    "rows offs_m against it: its product is this key block's share of those rows' dQ.",
+    "the shapes: dS is (BLOCK_M, BLOCK_N), K is (BLOCK_N, HEAD_DIM), dQ's rows are "
+    "(BLOCK_M, HEAD_DIM). No transpose this time.",
+    "a plain store would overwrite what the other key blocks' programs wrote to the same rows. "
+    "tl.atomic_add(pointers, values, mask=...) adds instead; its mask is the one of the Q load.",
+)
+
+
+def check_one_pass(kernel, show: bool = True) -> Result:
+    """``kernel``: your one-pass ``@triton.jit`` kernel; dQ, dK, dV against autograd through
+    attention() in float64 (the dK/dV cases: N_q ≠ N_k, ragged blocks, causal rows that see no
+    key)."""
+    return check_kernel("one_pass_kernel", kernel, prepare_one_pass, _one_pass_autograd,
+                        _dkdv_cases(), hints=ONE_PASS_HINTS, **TOL, show=show,
+                        describe=_describe_heads,
+                        nudges={"item 0": ONE_PASS_HINTS[0], "tl.atomic_add": ONE_PASS_HINTS[2]})
+
+
+register(Exercise(
+    name="one_pass_kernel", lesson="10_backward", kind="triton",
+    writes="dQ in the dK/dV loop: this key block's share, τ dS K, added with atomic adds",
+    lines=2, check=check_one_pass, solution=_one_pass_solution, stub=one_pass_kernel,
+    extra=(prepare_one_pass,),
+    mistakes=(
+        Mistake("a store instead of an atomic add: the last key block wins", kernel_variant(
+            _one_pass_solution, ("tl.atomic_add(DQ + rows, dq, mask=offs_m[:, None] < N_Q)",
+                                 "tl.store(DQ + rows, dq, mask=offs_m[:, None] < N_Q)")),
+            "item 0"),
+        Mistake("dQ without sm_scale", kernel_variant(
+            _one_pass_solution, ("dq = tl.dot(ds, k) * sm_scale", "dq = tl.dot(ds, k)")),
+            "item 0"),
+        Mistake("dQ from dSᵀ (a transpose too many)", kernel_variant(
+            _one_pass_solution, ("dq = tl.dot(ds, k) * sm_scale",
+                                 "dq = tl.dot(tl.trans(ds), k) * sm_scale")), "item 0"),
+        Mistake("no mask on the atomic add: rows past N_q", kernel_variant(
+            _one_pass_solution, ("tl.atomic_add(DQ + rows, dq, mask=offs_m[:, None] < N_Q)",
+                                 "tl.atomic_add(DQ + rows, dq)")), "tl.atomic_add"),
+    ),
+    hints=ONE_PASS_HINTS))
 
 
 # =============================================================================================

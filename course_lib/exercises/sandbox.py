@@ -7,10 +7,11 @@ accesses: a load past the end of a tensor reads whatever lies there, a store pas
 the interpreter's own memory. Without a mask, that is a segmentation fault or a heap-corruption
 abort, and in JupyterLab the student's kernel dies with all its state and no message.
 
-``guarded(tensors, kernel)`` is a context manager that wraps the interpreter's two memory
-operations (``create_masked_load`` and ``create_masked_store`` of its builder, through which
-every ``tl.load`` and ``tl.store`` goes) with a check: every address a load or store touches
-(its unmasked lanes only) must lie inside one of the tensors given to the launch. The first one
+``guarded(tensors, kernel)`` is a context manager that wraps the interpreter's memory
+operations (``create_masked_load``, ``create_masked_store`` and ``create_atomic_rmw`` of its
+builder, through which every ``tl.load``, ``tl.store`` and ``tl.atomic_add`` goes) with a check:
+every address an access touches (its unmasked lanes only) must lie inside one of the tensors
+given to the launch. The first one
 that does not stops the kernel with ``OutOfBounds``, naming the operation, the line of the
 student's kernel, how many addresses were outside and the nearest tensor ("element 1027 of x,
 which has 1025"). The real access never happens, so the process survives.
@@ -22,7 +23,7 @@ hooks and no extra dependency. On a GPU the exercises first run the student's ke
 it for the GPU only once it stays in bounds: an out-of-bounds access on the GPU would poison the
 CUDA context for the rest of the session.
 
-Works with the interpreters of Triton 3.6 to 3.9 (their builders name these two methods alike;
+Works with the interpreters of Triton 3.6 to 3.9 (their builders name these methods alike;
 the arguments after ``mask`` differ, and are passed through).
 """
 from __future__ import annotations
@@ -97,7 +98,7 @@ def _where(fn_name: str) -> str:
 
 @contextlib.contextmanager
 def guarded(tensors: dict, kernel):
-    """Check every load and store of ``kernel`` against ``tensors`` ({name: CPU tensor}).
+    """Check every load, store and atomic add of ``kernel`` against ``tensors`` ({name: tensor}).
 
     Raises ``OutOfBounds`` (wrapped by the interpreter in an ``InterpreterError``; ``run``
     unwraps it) at the first access outside all of them.
@@ -141,11 +142,18 @@ def guarded(tensors: dict, kernel):
         check("tl.store", ptrs, mask)
         return real_store(ptrs, value, mask, *args, **kwargs)
 
+    real_atomic = builder.create_atomic_rmw
+
+    def atomic(op, ptrs, value, mask, *args, **kwargs):
+        check("tl.atomic_add" if "ADD" in str(op).upper() else "atomic", ptrs, mask)
+        return real_atomic(op, ptrs, value, mask, *args, **kwargs)
+
     builder.create_masked_load, builder.create_masked_store = load, store
+    builder.create_atomic_rmw = atomic
     try:
         yield
     finally:
-        del builder.create_masked_load, builder.create_masked_store
+        del builder.create_masked_load, builder.create_masked_store, builder.create_atomic_rmw
 
 
 def _nearest(addr: int, size: int, ranges) -> str:

@@ -1,9 +1,26 @@
-"""Shared pytest set-up: the ``gpu`` marker skips visibly in interpreter mode; fixtures several
-test files use."""
+"""Shared pytest set-up: the ``gpu`` marker skips visibly in interpreter mode; one inductor
+cache per CPU capability; fixtures several test files use."""
+import getpass
+import os
+import tempfile
+
 import pytest
 import torch
 
 import course_lib
+
+# TorchInductor's on-disk cache of compiled C++ is not keyed by the CPU capability ATen runs
+# with: a cache written by a plain run and read back under ATEN_CPU_CAPABILITY=default failed
+# to compile here (torch 2.13: "'at::vec' has not been declared"). One cache per capability;
+# an explicit TORCHINDUCTOR_CACHE_DIR is kept. Set before any compile, and inherited by the
+# notebooks' kernels and the JupyterLab server the tests start.
+try:
+    _USER = getpass.getuser()
+except (KeyError, OSError):  # a container's user without a passwd entry
+    _USER = "user"
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
+    tempfile.gettempdir(),
+    f"torchinductor_{_USER}_{os.environ.get('ATEN_CPU_CAPABILITY', 'native')}"))
 
 
 def pytest_collection_modifyitems(config, items):

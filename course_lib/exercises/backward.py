@@ -237,12 +237,16 @@ def prepare_dkdv(q, k, v, do, causal):
     return (triton.cdiv(N_K, BLOCK), BH), args, (dk, dv)
 
 
-def _dkdv_autograd(q, k, v, do, causal):
-    """dK, dV of attention(q, k, v, causal) by torch.autograd, in float64."""
+def _grads_by_autograd(q, k, v, do, causal):
+    """dQ, dK, dV of attention(q, k, v, causal) by torch.autograd, in float64."""
     leaves = [t.double()[:, None].requires_grad_() for t in (q, k, v)]
     o = attention(*leaves, causal=causal)
-    dk, dv = torch.autograd.grad(o, leaves[1:], do.double()[:, None])
-    return dk[:, 0], dv[:, 0]
+    return tuple(g[:, 0] for g in torch.autograd.grad(o, leaves, do.double()[:, None]))
+
+
+def _dkdv_autograd(q, k, v, do, causal):
+    """dK, dV of attention(q, k, v, causal) by torch.autograd, in float64."""
+    return _grads_by_autograd(q, k, v, do, causal)[1:]
 
 
 def _dkdv_cases():
@@ -378,24 +382,10 @@ def _one_pass_solution(Q, K, V, DO, LSE2, Delta, DQ, DK, DV, sm_scale, N_Q, N_K,
 
 
 def prepare_one_pass(q, k, v, do, causal):
-    """One launch: a program per (BLOCK keys, batch·head); dQ fp32 zeros (the programs add into
-    it), dK and dV poisoned."""
-    BH, N_Q, D = q.shape
-    N_K = k.shape[1]
-    lse2, delta = _saved_by_forward(q, k, v, do, causal)
-    dq = torch.zeros(BH, N_Q, D, dtype=torch.float32, device=q.device)
-    dk, dv = poisoned(BH, N_K, D, like=k), poisoned(BH, N_K, D, like=k)
-    args = dict(Q=q, K=k, V=v, DO=do, LSE2=lse2, Delta=delta, DQ=dq, DK=dk, DV=dv,
-                sm_scale=D ** -0.5, N_Q=N_Q, N_K=N_K, CAUSAL=causal, HEAD_DIM=D,
-                BLOCK_M=BLOCK, BLOCK_N=BLOCK, **EXACT_DOTS)
-    return (triton.cdiv(N_K, BLOCK), BH), args, (dq, dk, dv)
-
-
-def _one_pass_autograd(q, k, v, do, causal):
-    """dQ, dK, dV of attention(q, k, v, causal) by torch.autograd, in float64."""
-    leaves = [t.double()[:, None].requires_grad_() for t in (q, k, v)]
-    o = attention(*leaves, causal=causal)
-    return tuple(g[:, 0] for g in torch.autograd.grad(o, leaves, do.double()[:, None]))
+    """The dK/dV launch (``prepare_dkdv``) plus DQ: fp32 zeros, which the programs add into."""
+    grid, args, (dk, dv) = prepare_dkdv(q, k, v, do, causal)
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    return grid, {**args, "DQ": dq}, (dq, dk, dv)
 
 
 ONE_PASS_HINTS = (
@@ -412,7 +402,7 @@ def check_one_pass(kernel, show: bool = True) -> Result:
     """``kernel``: your one-pass ``@triton.jit`` kernel; dQ, dK, dV against autograd through
     attention() in float64 (the dK/dV cases: N_q ≠ N_k, ragged blocks, causal rows that see no
     key)."""
-    return check_kernel("one_pass_kernel", kernel, prepare_one_pass, _one_pass_autograd,
+    return check_kernel("one_pass_kernel", kernel, prepare_one_pass, _grads_by_autograd,
                         _dkdv_cases(), hints=ONE_PASS_HINTS, **TOL, show=show,
                         describe=_describe_heads,
                         nudges={"item 0": ONE_PASS_HINTS[0], "tl.atomic_add": ONE_PASS_HINTS[2]})

@@ -38,8 +38,7 @@ def quantize_blocks_solution(x, block):
 
 # --- the mistakes students make ----------------------------------------------------------------
 def _one_scale(x, block):
-    scale = x.abs().max() / E4M3_MAX
-    return (x / scale).to(E4M3).double() * scale
+    return fake_quantize(x, E4M3, per_tensor=True)
 
 
 def _scale_inverted(x, block):

@@ -31,6 +31,7 @@ an unknown one gets ``None`` for the figures no driver reports (bandwidth, peak 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass
 
@@ -227,6 +228,36 @@ def from_properties(props) -> GPUSpec:
         hbm_tbs=None, fp16_tensor_tflops=None, fp32_tflops=None,
         source="live device properties only: this GPU is not in course_lib.hardware.GPUS",
         **live)
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(interpret: bool = False) -> int:
+    """SMs of the current GPU; 1 in Triton's interpreter (``interpret``: ``course_lib.INTERPRET``),
+    which runs a grid's programs one after another."""
+    import torch
+
+    return 1 if interpret else torch.cuda.get_device_properties(None).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def bandwidth_per_sm(interpret: bool = False) -> float | None:
+    """Peak DRAM bytes/s per SM of the current GPU (``dram_bandwidth``; an H100 SXM 25.4 GB/s,
+    an H200 36.5 GB/s), or None in the interpreter or where torch reports no memory clock."""
+    import torch
+
+    props = None if interpret else torch.cuda.get_device_properties(None)
+    bandwidth = props and dram_bandwidth(props)
+    return bandwidth / props.multi_processor_count if bandwidth else None
+
+
+def dram_bandwidth(props) -> float | None:
+    """Peak DRAM bandwidth in bytes/s from ``torch.cuda.get_device_properties(...)``: memory
+    clock × 2 transfers per clock × bus width (an H100 SXM: 2619 MHz × 2 × 5120 bits = 3.35
+    TB/s; an H200: 3201 MHz × 2 × 6016 bits = 4.81 TB/s), or None where torch reports no
+    memory clock."""
+    clock_khz = getattr(props, "memory_clock_rate", 0)
+    bus_bits = getattr(props, "memory_bus_width", 0)
+    return clock_khz * 1e3 * 2 * bus_bits / 8 if clock_khz and bus_bits else None
 
 
 def current_gpu() -> GPUSpec | None:

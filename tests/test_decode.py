@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import course_lib
+from course_lib.bench.decode import TUNE_CONFIGS
 from course_lib.kernels import decode as dec
 from course_lib.kvcache import contiguous_to_pages, pages_to_contiguous
 from course_lib.ops import decode as opd
@@ -504,8 +505,11 @@ def test_variant_operators_opcheck_and_compile():
         torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
-def test_variants_read_nothing_back_from_the_device():
+def test_variants_read_nothing_back_from_the_device(monkeypatch):
+    """On a GPU (``_FREE_READS`` False) the default calls with the variants read no value."""
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    monkeypatch.setattr(opd, "_FREE_READS", False)
 
     class Count(TorchDispatchMode):
         reads = 0
@@ -675,6 +679,29 @@ def test_num_splits_heuristic():
             assert s == 1 or math.ceil(n / s) >= 64  # never less than a tile a split
 
 
+def test_tiles_follow_the_gpus_bandwidth(monkeypatch):
+    """Little's law picks the tile: 64-key tiles where they keep enough bytes in flight for the
+    GPU's bandwidth per SM (an H100's), 128-key tiles where they do not (an H200's) and the
+    splits are long; short splits and many unsplit programs keep their own choice."""
+    from types import SimpleNamespace
+
+    from course_lib.hardware import dram_bandwidth
+
+    h100 = SimpleNamespace(memory_clock_rate=2619000, memory_bus_width=5120)
+    h200 = SimpleNamespace(memory_clock_rate=3201000, memory_bus_width=6016)
+    assert round(dram_bandwidth(h100) / 1e12, 2) == 3.35
+    assert round(dram_bandwidth(h200) / 1e12, 2) == 4.81
+    assert dram_bandwidth(SimpleNamespace()) is None
+    monkeypatch.setattr(dec, "INTERPRET", False)  # the GPU's rule, evaluated on any machine
+    for (B, N), want in {(1, 131072): (64, 128), (8, 131072): (64, 128), (8, 4096): (64, 128),
+                         (1, 4096): (64, 64), (64, 2048): (64, 64)}.items():
+        got = tuple(dec.pick_config(128, B, 8, N, sm_count=132,
+                                    bandwidth_per_sm_=dram_bandwidth(gpu) / 132)["BLOCK_N"]
+                    for gpu in (h100, h200))
+        assert got == want, f"B {B} N {N}: {got}"
+    assert dec.pick_config(128, 64, 8, 2048, sm_count=132)["num_stages"] == 2
+
+
 # ------------------------------------------------------------------------------- bad input
 
 def _small():
@@ -683,7 +710,7 @@ def _small():
 
 def test_flash_decode_bad_input_names_the_argument():
     q, k, v, lens = _small()
-    # the values of the lengths are read (a synchronisation) only with validate=True
+    # validate=True reads the lengths' values on every device (on a GPU, a synchronisation)
     with pytest.raises(ValueError, match="cache_seqlens must lie in"):
         flash_decode(q, k, v, lens + 30, validate=True)
     with pytest.raises(ValueError, match="cache_seqlens must lie in"):
@@ -735,6 +762,106 @@ def test_paged_decode_bad_input_names_the_argument():
         paged_decode(q, k_pages[0], v_pages, table, lens)
 
 
+cpu_only = pytest.mark.skipif(course_lib.DEVICE != "cpu",
+                              reason="the default checks values only where reading is free")
+
+
+@cpu_only
+@pytest.mark.parametrize("bad_len", [33, -1])
+def test_flash_decode_default_refuses_a_length_outside_the_cache_on_the_cpu(bad_len):
+    """With default arguments, a length outside [0, N_max] is an error on the CPU."""
+    q, k, v, lens = _small()  # N_max 32
+    bad = lens.clone()
+    bad[1] = bad_len
+    with pytest.raises(ValueError, match=r"cache_seqlens must lie in \[0, 32\]"):
+        flash_decode(q, k, v, bad)
+    o = flash_decode(q, k, v, bad, validate=False)  # unchecked: the kernel clamps, no error
+    assert torch.isfinite(o).all()
+
+
+@cpu_only
+def test_a_repeated_call_still_checks_the_lengths_on_the_cpu(monkeypatch):
+    """A call shaped like an earlier one repeats its bound launch (``_Repeat``; a stand-in for
+    the bound split kernel records the launches, as the interpreter binds none): on the CPU
+    the repeat checks the lengths' values first, unless validate=False."""
+    from course_lib.kernels import decode as kd
+
+    launched, bound = [], []
+    monkeypatch.setattr(kd, "run_plan", lambda *a, **kw: bound.append(kw) or [
+        lambda *p: launched.append(p)])
+    monkeypatch.setattr(opd, "_PLANS", type(opd._PLANS)())
+    monkeypatch.setattr(opd, "_REPEATS", {})
+    q, k, v, lens = _small()
+    flash_decode(q, k, v, lens)
+    flash_decode(q, k, v, lens.clone())
+    assert len(bound) == 1 and len(launched) == 1 and opd._REPEATS, "no repeat was kept"
+    bad = lens.clone()
+    bad[0] = 33
+    with pytest.raises(ValueError, match=r"cache_seqlens must lie in \[0, 32\]"):
+        flash_decode(q, k, v, bad)
+    assert len(launched) == 1
+    flash_decode(q, k, v, bad, validate=False)  # repeated, unchecked
+    assert len(bound) == 1 and len(launched) == 2
+
+
+@cpu_only
+def test_paged_decode_default_refuses_a_block_id_outside_the_pool_on_the_cpu():
+    q, k, v, lens = _small()  # lengths 32 and 10: two blocks of 16 and one
+    k_pages, table = contiguous_to_pages(k, block_size=16, num_blocks=6,
+                                         generator=torch.Generator().manual_seed(0))
+    v_pages, _ = contiguous_to_pages(v, block_size=16, num_blocks=6,
+                                     generator=torch.Generator().manual_seed(0))
+    for b, j, block in ((1, 0, 6), (0, 1, -1)):
+        bad = table.clone()
+        bad[b, j] = block
+        with pytest.raises(ValueError, match=rf"block_table\[{b}, {j}\] = {block} "):
+            paged_decode(q, k_pages, v_pages, bad, lens)
+        o = paged_decode(q, k_pages, v_pages, bad, lens, validate=False)  # clamped: no error
+        assert torch.isfinite(o).all()
+    with pytest.raises(ValueError, match=r"cache_seqlens must lie in \[0, 32\]"):
+        paged_decode(q, k_pages, v_pages, table, lens + 1)
+    unused = table.clone()
+    unused[1, 1] = 99  # sequence 1 never reaches its block 1: not an error
+    torch.testing.assert_close(paged_decode(q, k_pages, v_pages, unused, lens),
+                               paged_decode(q, k_pages, v_pages, table, lens), rtol=0, atol=0)
+
+
+@cpu_only
+def test_plan_run_checks_the_values_at_every_step_on_the_cpu():
+    from course_lib.ops import plan_decode
+
+    q, k, v, lens = _small()
+    plan = plan_decode(q, k, v)
+    want = plan.run(q, k, v, lens).clone()
+    for bad_len in (33, -1):  # the same tensor, changed in place: the bound launch's step
+        bad = lens.clone()
+        plan.run(q, k, v, bad)
+        bad[0] = bad_len
+        with pytest.raises(ValueError, match=r"cache_seqlens must lie in \[0, 32\]"):
+            plan.run(q, k, v, bad)
+        plan.run(q, k, v, bad, validate=False)  # clamped: no error
+    with pytest.raises(TypeError, match="cache_seqlens must be int32"):
+        plan.run(q, k, v, lens.long())  # a run launches with what it is given: int32 only
+    torch.testing.assert_close(plan.run(q, k, v, lens), want, rtol=0, atol=0)
+
+    k_pages, table = contiguous_to_pages(k, block_size=16, num_blocks=6,
+                                         generator=torch.Generator().manual_seed(0))
+    v_pages, _ = contiguous_to_pages(v, block_size=16, num_blocks=6,
+                                     generator=torch.Generator().manual_seed(0))
+    paged = plan_decode(q, k_pages, v_pages, block_table=table)
+    torch.testing.assert_close(paged.run(q, k_pages, v_pages, lens, table), want, rtol=0,
+                               atol=0)
+    bad = table.clone()
+    bad[1, 0] = 6
+    with pytest.raises(ValueError, match=r"block_table\[1, 0\] = 6 "):
+        paged.run(q, k_pages, v_pages, lens, bad)
+    with pytest.raises(ValueError, match=r"cache_seqlens must lie in \[0, 32\]"):
+        paged.run(q, k_pages, v_pages, lens + 1, table)
+    with pytest.raises(ValueError, match="this plan's block_table is"):
+        paged.run(q, k_pages, v_pages, lens, table[:, :1].contiguous())
+    paged.run(q, k_pages, v_pages, lens, bad, validate=False)  # clamped: no error
+
+
 @pytest.mark.skipif(not course_lib.INTERPRET, reason="bf16 is refused only in the interpreter")
 def test_bf16_refused_in_interpreter():
     q, k, v, lens = _inputs(1, 2, 2, 1, 16, 32, None, torch.bfloat16)
@@ -780,7 +907,7 @@ def test_gpu_long_context_deals_the_tiles(paged):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", dec.TUNE_CONFIGS, ids=lambda c: "n{BLOCK_N}w{num_warps}"
+@pytest.mark.parametrize("config", TUNE_CONFIGS, ids=lambda c: "n{BLOCK_N}w{num_warps}"
                          "s{num_stages}".format(**c))
 def test_gpu_every_tuning_config_is_correct(config):
     q, k, v, lens = _inputs(2, 32, 8, 1, 5000, 128, [5000, 777], torch.float16)

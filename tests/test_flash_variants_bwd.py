@@ -336,8 +336,9 @@ def test_the_varlen_backward_reads_and_writes_the_packed_layout(views, monkeypat
 def test_varlen_input_errors_name_the_argument():
     q, k, v, cu_q, cu_k = _packed([3, 5], [4, 6])
 
-    def call(**kw):
-        args = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=5, max_seqlen_k=6)
+    def call(**kw):  # validate=True: the offsets' values are checked on every device
+        args = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=5, max_seqlen_k=6,
+                    validate=True)
         args.update(kw)
         return flash_attn_varlen(kw.pop("q", q), k, v, **args)
 
@@ -358,6 +359,9 @@ def test_varlen_input_errors_name_the_argument():
     for kw, err, match in bad:
         with pytest.raises(err, match=match):
             call(**kw)
+    if q.device.type == "cpu":  # by default the values are checked where that is free
+        with pytest.raises(ValueError, match="cu_seqlens_q must start at 0"):
+            flash_attn_varlen(q, k, v, cu_q + 1, cu_k, 5, 6)
     with pytest.raises(ValueError, match="k and v"):
         flash_attn_varlen(q, k, v[:-1], cu_q, cu_k, 5, 6)
     with pytest.raises(ValueError, match="q must have 3 dimensions"):

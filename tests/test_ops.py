@@ -171,18 +171,39 @@ def _reads_back(fn) -> int:
     return mode.counts.get("aten._local_scalar_dense", 0)
 
 
-def test_default_decode_reads_nothing_back_from_the_device():
+def test_default_decode_reads_nothing_back_from_a_gpu(monkeypatch):
+    """The default call reads values only where that is free (``_FREE_READS``: the CPU). With
+    the flag as a GPU has it, the default path reads nothing, the repeated calls included."""
     q, k, v, lens = _decode_inputs()
     k_pages, v_pages, table = _pages(k, v)
-    assert _reads_back(lambda: ops.flash_decode(q, k, v, cache_seqlens=lens)) == 0
-    assert _reads_back(lambda: ops.paged_decode(q, k_pages, v_pages, table, lens)) == 0
     plan = ops.plan_decode(q, k, v)
-    assert _reads_back(lambda: plan.run(q, k, v, lens)) == 0
-    # The counter does see a read back: the opt-in validation makes them.
+    paged_plan = ops.plan_decode(q, k_pages, v_pages, block_table=table)
+    calls = (lambda: ops.flash_decode(q, k, v, cache_seqlens=lens),
+             lambda: ops.paged_decode(q, k_pages, v_pages, table, lens),
+             lambda: plan.run(q, k, v, lens),
+             lambda: paged_plan.run(q, k_pages, v_pages, lens, table))
+    monkeypatch.setattr(opd, "_FREE_READS", False)
+    for call in calls + calls:  # twice: the second flash_decode repeats the first's launch
+        assert _reads_back(call) == 0
+    # The counter does see a read back: the opt-in validation makes them on every device.
     assert _reads_back(lambda: ops.flash_decode(q, k, v, cache_seqlens=lens,
                                                 validate=True)) > 0
     assert _reads_back(lambda: ops.paged_decode(q, k_pages, v_pages, table, lens,
                                                 validate=True)) > 0
+    assert _reads_back(lambda: plan.run(q, k, v, lens, validate=True)) > 0
+    monkeypatch.setattr(opd, "_FREE_READS", True)  # as on a CPU: the default checks the values
+    for call in calls + calls:
+        assert _reads_back(call) > 0
+    # validate=False never reads.
+    assert _reads_back(lambda: ops.flash_decode(q, k, v, cache_seqlens=lens,
+                                                validate=False)) == 0
+    assert _reads_back(lambda: ops.paged_decode(q, k_pages, v_pages, table, lens,
+                                                validate=False)) == 0
+    assert _reads_back(lambda: plan.run(q, k, v, lens, validate=False)) == 0
+
+
+def test_the_default_checks_values_on_the_cpu_only():
+    assert opd._FREE_READS == (course_lib.DEVICE == "cpu")
 
 
 def test_eager_flash_attn_v2_reads_nothing_back():
@@ -191,13 +212,14 @@ def test_eager_flash_attn_v2_reads_nothing_back():
 
 
 # ---------------------------------------------------------------------------------------------
-# out-of-range lengths and block ids: clamped by the kernel, refused by validate=True
+# out-of-range lengths and block ids: clamped by the kernel where nothing checks them
+# (validate=False, or the default on a GPU), refused by validate=True
 # ---------------------------------------------------------------------------------------------
 
 def test_lengths_outside_the_cache_are_clamped_not_read_past():
     q, k, v, _ = _decode_inputs()
     wild = torch.tensor([1000, -7], dtype=torch.int32, device=q.device)
-    o, lse = ops.flash_decode(q, k, v, cache_seqlens=wild, return_lse=True)
+    o, lse = ops.flash_decode(q, k, v, cache_seqlens=wild, return_lse=True, validate=False)
     ref = decode_reference(q, k, v, torch.tensor([40, 0], device=q.device))
     torch.testing.assert_close(o[0], ref[0].to(o.dtype), atol=2e-5, rtol=0)
     assert torch.all(o[1] == 0) and torch.all(lse[1] == float("-inf"))
@@ -211,7 +233,8 @@ def test_block_ids_outside_the_pool_stay_inside_it():
     bad = table.clone()
     bad[0, 1] = 10_000_000
     bad[1, 0] = -5
-    o = ops.paged_decode(q, k_pages, v_pages, bad, lens)  # a wrong answer, but no crash
+    # a wrong answer, but no crash
+    o = ops.paged_decode(q, k_pages, v_pages, bad, lens, validate=False)
     assert torch.isfinite(o).all()
     with pytest.raises(ValueError, match=r"block_table\[0, 1\] = 10000000"):
         ops.paged_decode(q, k_pages, v_pages, bad, lens, validate=True)

@@ -13,6 +13,9 @@ import torch
 import course_lib
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+# Where a lesson saves what it measured on the reader's GPU: beside the stored runs of data/,
+# never over them (the published numbers come from data/). Ignored by git.
+RUNS_DIR = Path(__file__).resolve().parents[2] / "runs"
 SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 
 

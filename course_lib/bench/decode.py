@@ -37,7 +37,7 @@ bandwidth. FLOPs (not the limit here): 4·B·H·N_q·N·D.
     python -m course_lib.bench decode [--quick] [--tune] [--out DIR] [--no-check]
 
 ``--quick``: B = 1 only (N ∈ {4k, 32k, 128k}: both speed targets). ``--tune``: before the
-sweep, try every ``decode.TUNE_CONFIGS`` and a few split counts at B = 1 (4k and 128k) and
+sweep, try every ``TUNE_CONFIGS`` and a few split counts at B = 1 (4k and 128k) and
 B = 8, 32k, print the best, and use them (written to decode_tune.json).
 Writes ``decode.json`` and ``decode.png`` to ``--out`` (default course_lib/data).
 """
@@ -86,6 +86,15 @@ TARGETS = {  # the issue's speed targets (GPU: H100 or H200)
     "latency_vs_cudnn_b1_4k": 1.2,     # flash_decode latency / CUDNN_ATTENTION's, B=1, N=4k
     "paged_vs_flash": 1.10,            # paged_decode latency / flash_decode's, every shape
 }
+
+
+# The launch configs ``--tune`` and the drop-in sweep try (for D = 128); the kernels' own choice
+# (kernels.decode.pick_config) is one of them.
+TUNE_CONFIGS = [
+    dict(BLOCK_N=bn, num_warps=w, num_stages=s)
+    for bn in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4)
+    if not (bn == 128 and s == 4)  # 2 × 128 × 128 × 2 B × 4 stages = 256 KiB: over shared memory
+]
 
 
 def shapes(batches=BATCHES, seq_lens=SEQ_LENS) -> list[dict]:
@@ -345,7 +354,7 @@ def tune(measure: GPUMeasure, shape_list, progress: bool = True) -> dict:
     """Time flash_decode for every TUNE_CONFIGS × a few split counts; the best per shape."""
     from tqdm.auto import tqdm
 
-    from course_lib.kernels.decode import TUNE_CONFIGS, choose_num_splits
+    from course_lib.kernels.decode import choose_num_splits
     from course_lib.ops import flash_decode
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -222,11 +222,12 @@ def head_dim_rows(dims=(64, 80, 96, 128), B=4, N=4096, Hq=16) -> list[dict]:
 def sweep_rows(shapes=DECODE_SHAPES, configs=None, rep_ms: float = 150,
                merges=None) -> list[dict]:
     """Paired sweep of the decode step under CUDA graphs: every launch config of
-    ``kernels.decode.TUNE_CONFIGS`` with each merge (fused into the split kernel, or a second
+    ``bench.decode.TUNE_CONFIGS`` with each merge (fused into the split kernel, or a second
     kernel), between two timings of SDPA cuDNN (start and end: the drift of the run)."""
+    from course_lib.bench.decode import TUNE_CONFIGS
     from course_lib.kernels import decode as kd
 
-    configs = kd.TUNE_CONFIGS if configs is None else configs
+    configs = TUNE_CONFIGS if configs is None else configs
     merges = kd.MERGES if merges is None else merges
     rows = []
     for B, N in shapes:

@@ -232,6 +232,11 @@ _REFUSED = (
     "right padding, a static cache's unused slots, a sliding window): this attention mask has "
     "packed sequences, holes in a sequence's padding mask, chunked attention or another "
     "pattern. Use attn_implementation='sdpa' for such batches.")
+# The same refusal inside a compiled graph, as a device-side assertion: CUDA's device assert
+# takes messages of at most 254 characters (a longer one fails to compile the graph).
+_REFUSED_ON_DEVICE = ("course_kernels serves one run of real tokens per sequence; this mask has "
+                      "another pattern (course_lib.hf.attention): use "
+                      "attn_implementation='sdpa'")
 # The last mask checked eagerly: (weak ref to the mask, its version, the window it was checked
 # with, weak ref to the key tensor made from it, (min L_b, max L_b) or None). That tensor is what
 # course_attention_mask hands every layer, so a layer finds its range by identity. Weak
@@ -316,10 +321,10 @@ def _keys_in_mask(mask: torch.Tensor, n_q: int, n_k: int, left=None, plain: bool
     ok = (allowed == expected[:, None]).all()
     simple = ((q_lo == 0) & (q_hi == n_q) & (k_lo == 0)).all()
     if plain:
-        torch._assert_async(ok & simple & (k_hi == n_k).all(), _REFUSED)
+        torch._assert_async(ok & simple & (k_hi == n_k).all(), _REFUSED_ON_DEVICE)
         return None, None
     if compiling:
-        torch._assert_async(ok, _REFUSED)
+        torch._assert_async(ok, _REFUSED_ON_DEVICE)
         return _ranges(q_lo, q_hi, k_lo, k_hi), None
     ok, simple, lo, hi = torch.stack([ok.to(torch.int64), simple.to(torch.int64), k_hi.min(),
                                       k_hi.max()]).tolist()
@@ -383,7 +388,7 @@ def _keys_of_padding_mask(n_q: int, n_k: int, q_offset, kv_offset: int,
     e = torch.where(empty, seen, e)
     one_run = ((n_real == e - s) | empty).all()
     if compiling:
-        torch._assert_async(one_run, _REFUSED)
+        torch._assert_async(one_run, _REFUSED_ON_DEVICE)
     else:
         lengths = (e - kv_offset).clamp(min=0)
         no_left = (s <= kv_offset).all()  # no padding inside the cache on the left

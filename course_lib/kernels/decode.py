@@ -43,8 +43,8 @@ B 1, N 128k 188.6 µs, 94.3% of the copy bandwidth (192.8 µs); B 8, N 4k 62.1 �
 N 2k 190.9 µs (190.7 µs). ``flash_decode`` eagerly, default arguments: 19.3, 190.9, 62.6, 191.0 µs
 (cuDNN 19.8, 193.9, 63.4, 190.3 µs). Host time of a planned step, GPU idle: 6 µs. NVIDIA H100
 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-24 (decode.json): paged_decode / flash_decode
-latency 1.02–1.07× at every shape. Split counts, tile orders, configs, merges: decode_splits.json,
-decode_sweep.json; the story: perf_notes.md (all in course_lib/data).
+latency 1.02–1.07× at every shape. On an H200: data/decode_tiles_h200.json; the story:
+perf_notes.md.
 """
 from __future__ import annotations
 
@@ -58,6 +58,8 @@ import triton.language as tl
 from course_lib._device import INTERPRET
 from course_lib._launch import bind as bind_launch
 from course_lib._launch import launch
+from course_lib.hardware import bandwidth_per_sm
+from course_lib.hardware import sm_count as _sm_count
 from course_lib.kernels.attention_common import _tile_mask, cdiv, next_pow2
 from course_lib.kernels.band import _band_bounds, _join_sink, _variant_scores
 from course_lib.kernels.decode_merge import _decode_merge_kernel, _merge_row
@@ -67,6 +69,9 @@ MAX_SPLITS = 256
 PROGRAMS_PER_SM = 1  # the split count's aim: one wave of one program per SM (choose_num_splits)
 TWO_STAGE_PROGRAMS_PER_SM = 2  # past this many unsplit programs per SM, two stages (pick_config)
 MIN_TILES_PER_SPLIT = 2
+# Loads' latency with the memory busy, for Little's law (pick_config): on the H100, 64 KiB in
+# flight per SM streamed as fast as more, at 25.4 GB/s per SM: 64 KiB / 25.4 GB/s = 2.6 µs.
+LOADED_LATENCY_S = 2.5e-6
 # From this many splits of a cache of this many tiles on, the splits take the tiles round-robin:
 # faster at every shape measured of 256 tiles or more, slower or even at 64-128 (decode_splits).
 INTERLEAVE_MIN_SPLITS, INTERLEAVE_MIN_TILES = 2, 256
@@ -77,12 +82,6 @@ INTERLEAVE_MIN_SPLITS, INTERLEAVE_MIN_TILES = 2, 256
 DECODE_CONFIGS = {d: dict(BLOCK_N=128, num_warps=4, num_stages=3) for d in (16, 32, 64)}
 DECODE_CONFIGS[128] = dict(BLOCK_N=64, num_warps=4, num_stages=3)  # pick_config refines it
 DECODE_CONFIGS[256] = dict(BLOCK_N=32, num_warps=4, num_stages=3)
-# Candidates the benchmark's --tune sweeps (for D = 128); the default above is one of them.
-TUNE_CONFIGS = [
-    dict(BLOCK_N=bn, num_warps=w, num_stages=s)
-    for bn in (32, 64, 128) for w in (4, 8) for s in (2, 3, 4)
-    if not (bn == 128 and s == 4)  # 2 × 128 × 128 × 2 B × 4 stages = 256 KiB: over shared memory
-]
 INTERPRET_CONFIG = dict(BLOCK_N=16, num_warps=4, num_stages=1)
 # The merge: by the last split of a group of rows ("fused": one launch) or a second kernel
 # ("kernel"). "auto" fuses eagerly (the host's time per launch decides a short step) and takes the
@@ -260,31 +259,42 @@ def _decode_split_kernel(
 # planning the launch
 # ---------------------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int | None = None) -> int:
-    if INTERPRET:
-        return 1
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def bytes_in_flight(config: dict, head_dim: int, programs_per_sm: int = 1) -> int:
+    """K and V bytes (2 each) an SM has asked for ahead: ``num_stages - 1`` tiles per program."""
+    return programs_per_sm * (config["num_stages"] - 1) * 2 * config["BLOCK_N"] * head_dim * 2
 
 
 def pick_config(head_dim: int, batch: int | None = None, kv_heads: int = 1,
-                n_keys: int = 0, m_tiles: int = 1, sm_count: int | None = None) -> dict:
+                n_keys: int = 0, m_tiles: int = 1, sm_count: int | None = None,
+                bandwidth_per_sm_: float | None = None) -> dict:
     """(BLOCK_N, num_warps, num_stages) for ``head_dim``: that of the power of two the kernels
-    pad it to. For D 128 and a given work (``batch`` ...): splits of at most two 64-key tiles take
-    128-key tiles; one split per sequence and over ``TWO_STAGE_PROGRAMS_PER_SM`` programs per
-    SM, two stages (more programs resident); else 64-key tiles, three stages. Each was the
-    fastest or within 0.5% of it at its shape, CUDA graphs, H100 and H200 (decode_sweep.json)."""
+    pad it to. For D 128 and a given work (``batch`` ...): one split per sequence and over
+    ``TWO_STAGE_PROGRAMS_PER_SM`` programs per SM, 64-key tiles in two stages (more programs
+    resident); splits of at most two 64-key tiles, 128-key tiles; else three stages of 64-key
+    tiles, unless they keep fewer bytes in flight than Little's law asks of this GPU (bandwidth
+    per SM × ``LOADED_LATENCY_S``; ``bandwidth_per_sm_`` overrides the device's) and the split
+    is long enough to fill the pipeline (six 128-key tiles): then 128-key tiles. An H100 keeps
+    64-key tiles, an H200 (1.44× the bandwidth) takes 128 (data/decode_tiles_h200.json)."""
     if INTERPRET:
         return dict(INTERPRET_CONFIG)
     if next_pow2(head_dim) != 128 or batch is None:
         return dict(DECODE_CONFIGS[next_pow2(head_dim)])
-    sms = sm_count if sm_count is not None else _sm_count()
+    sms = sm_count if sm_count is not None else _sm_count(INTERPRET)
     splits = choose_num_splits(batch, kv_heads, n_keys, 64, sm_count=sms, m_tiles=m_tiles)
-    if splits == 1 and batch * kv_heads * m_tiles > TWO_STAGE_PROGRAMS_PER_SM * sms:
+    programs = batch * kv_heads * m_tiles
+    if splits == 1 and programs > TWO_STAGE_PROGRAMS_PER_SM * sms:
         return dict(BLOCK_N=64, num_warps=4, num_stages=2)
+    small, large = (dict(BLOCK_N=64, num_warps=4, num_stages=3),
+                    dict(BLOCK_N=128, num_warps=4, num_stages=3))
     if cdiv(n_keys, 64 * splits) <= 2:
-        return dict(BLOCK_N=128, num_warps=4, num_stages=3)
-    return dict(BLOCK_N=64, num_warps=4, num_stages=3)
+        return large
+    bandwidth = bandwidth_per_sm(INTERPRET) if bandwidth_per_sm_ is None else bandwidth_per_sm_
+    per_sm = cdiv(programs * splits, sms)
+    long_splits = cdiv(n_keys, large["BLOCK_N"] * splits) >= 2 * large["num_stages"]
+    if (bandwidth and long_splits
+            and bytes_in_flight(small, head_dim, per_sm) < bandwidth * LOADED_LATENCY_S):
+        return large  # Little's law: 64-key tiles keep too few bytes in flight for this GPU
+    return small
 
 
 def choose_num_splits(batch: int, kv_heads: int, n_keys: int, block_n: int,
@@ -294,21 +304,13 @@ def choose_num_splits(batch: int, kv_heads: int, n_keys: int, block_n: int,
     ``PROGRAMS_PER_SM`` per SM, never tinier than MIN_TILES_PER_SPLIT tiles of ``block_n`` keys,
     at most ``max_splits``.
 
-    Rounding *down* keeps the grid inside one wave of programs. Measured on an H100 (H_kv 8,
-    D 128, B 8, N 32k): 9 splits (576 programs, just over what fits at once) made paged_decode
-    23% slower than 8 splits; aiming at 4 programs per SM at batch 1 (64 splits) was 2-15%
-    slower than 16 or 32 (course_lib/data/perf_notes.md). Aiming at one program per SM
-    instead of two was faster at 10 of the 11 shapes where the split counts differ, by up to 2.7%,
-    and even at B 8, N 16k (data/decode_splits.json, each with its faster tile order).
+    Rounding *down* keeps the grid inside one wave of programs: a grid just over one wave, or
+    aimed at two or four programs per SM, was slower (data/decode_splits.json, perf_notes.md).
 
-    >>> choose_num_splits(1, 8, 131072, 64, sm_count=132)   # batch 1, long context
-    16
-    >>> choose_num_splits(8, 8, 131072, 64, sm_count=132)   # batch 8
-    2
-    >>> choose_num_splits(1, 8, 2048, 64, sm_count=132)     # short context: 2 tiles a split
-    16
+    >>> [choose_num_splits(b, 8, n, 64, sm_count=132) for b, n in ((1, 131072), (8, 131072))]
+    [16, 2]
     """
-    sms = sm_count if sm_count is not None else _sm_count()
+    sms = sm_count if sm_count is not None else _sm_count(INTERPRET)
     programs = batch * kv_heads * m_tiles
     wanted = 1 << max(0, (PROGRAMS_PER_SM * sms // programs).bit_length() - 1)
     most = max(1, cdiv(n_keys, MIN_TILES_PER_SPLIT * block_n))

@@ -11,17 +11,22 @@ called eagerly, and the merge kernel used inside CUDA-graph captures: ``kernels.
   (the names and arguments of FlashAttention's ``flash_attn_with_kvcache``, its variants'
   keywords included: ``window_size``, ``softcap``, ``alibi_slopes``, and GPT-OSS's ``sinks``,
   notebooks/15_attention_variants.ipynb; the decode is causal, so the window's right is 0).
-  The checks they make by default read only shapes, dtypes and devices, never a tensor's
-  values, so a call makes no device→host synchronisation. A length outside the cache or a
-  block id outside the pool cannot make the kernel read outside memory (it clamps them);
-  ``validate=True`` checks them and raises a ``ValueError`` that names the argument, at the
-  cost of a synchronisation.
+  They always check shapes, dtypes and devices. The values of the lengths and of the block
+  ids in use are checked where reading them costs nothing (``validate=None``, the default: on
+  the CPU, outside torch.compile), always with ``validate=True`` (on a GPU a device→host read:
+  one synchronisation; refused under torch.compile and in a CUDA-graph capture) and never with
+  ``validate=False``; a bad value is then a ``ValueError`` that names the argument. So the
+  default call on a GPU makes no synchronisation, and there a value nothing checked is clamped
+  by the kernel: a length into the cache, a block id into the pool. The output is then wrong,
+  but nothing is read outside memory (``flash_decode`` and ``paged_decode`` say what each
+  clamp gives).
   Called eagerly, the split buffers (and the lse, unless it is returned) are kept per shape and
   stream and reused; the output is new each call. A call with the default ``num_splits``,
-  ``config``, ``validate`` and ``return_lse``, shaped like an earlier one (shapes, strides,
-  dtypes, devices, scale; the variants' values, their tensors' layouts and addresses), repeats
-  that call's checked, bound launch (``_Repeat``): a model's layers, after the first of a step,
-  make such calls.
+  ``config`` and ``return_lse`` and ``validate`` None or False, shaped like an earlier one
+  (shapes, strides, dtypes, devices, scale; the variants' values, their tensors' layouts and
+  addresses), repeats that call's checked, bound launch (``_Repeat``): a model's layers, after
+  the first of a step, make such calls. On the CPU, with ``validate=None``, such a repeat
+  still checks the lengths' values first.
 * ``torch.ops.course.flash_decode`` and ``torch.ops.course.paged_decode``: the same, as
   ``torch.library`` custom operators with fake implementations. The functions go through them
   when ``torch.compile`` traces, so a compiled decode step keeps the kernels in its graph (and
@@ -32,7 +37,9 @@ called eagerly, and the merge kernel used inside CUDA-graph captures: ``kernels.
   only launches into the plan's buffers, which is what a CUDA graph captures. From the second
   step on, a step with the same cache tensors repeats the launches bound by the first
   (``course_lib._launch.bind``): one call into Triton's C launcher per kernel. The variants are
-  the plan's: ``plan_decode(..., window_size=, softcap=, alibi_slopes=, sinks=)``.
+  the plan's: ``plan_decode(..., window_size=, softcap=, alibi_slopes=, sinks=)``. ``run``
+  checks the lengths and block ids as the functions do (``validate``): at every step on the
+  CPU, never by default on a GPU.
 """
 from __future__ import annotations
 
@@ -40,6 +47,7 @@ import collections
 
 import torch
 
+from course_lib._device import DEVICE
 from course_lib._launch import hooks_installed, int_classes
 from course_lib.kernels import decode as kd
 from course_lib.kernels.attention_common import OutputLike, call_key, empty_output, keep
@@ -53,7 +61,7 @@ from course_lib.validate import (
 )
 
 # ---------------------------------------------------------------------------------------------
-# checks of the arguments (shapes, dtypes, devices: no tensor values are read)
+# checks of the arguments (shapes, dtypes, devices; the values where ``validate`` says)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -135,12 +143,35 @@ def _check_pages(q, k_pages, v_pages, block_table, cache_seqlens, seqlens_requir
 
 
 def check_cache_seqlens(cache_seqlens, n_max: int) -> None:
-    """ValueError if a length lies outside [0, n_max]. Reads the lengths back to the host:
-    one device→host synchronisation (what ``validate=True`` adds to a call)."""
+    """ValueError if a length lies outside [0, n_max]. Reads the lengths back to the host: on a
+    GPU one device→host synchronisation (what ``validate=True`` adds to a call there)."""
     lo, hi = (int(x) for x in torch.aminmax(cache_seqlens.to(torch.int64)))
     if lo < 0 or hi > n_max:
         raise ValueError(f"cache_seqlens must lie in [0, {n_max}] (the cache's N_max), "
                          f"got values in [{lo}, {hi}]")
+
+
+# Where reading a tensor's values costs nothing: the CPU (the interpreter's tensors are in host
+# memory). There ``validate=None`` checks them; on a GPU a read waits for every queued kernel.
+_FREE_READS = DEVICE == "cpu"
+
+
+def _checks_values(validate) -> bool:
+    """Whether a call reads its lengths and block ids to check them: ``validate=True`` always
+    (refused under torch.compile and in a CUDA-graph capture, which cannot read), None where the
+    read is free (``_FREE_READS``, and not while torch.compile traces), False never. The call
+    sites test ``(validate or _FREE_READS)`` first, so a GPU's default call does not get here."""
+    if validate is None:
+        return _FREE_READS and not torch.compiler.is_compiling()
+    if validate:
+        _refuse_validate_when_compiling()
+        if kd.capturing():
+            raise ValueError("validate=True reads cache_seqlens back to the host, which a "
+                             "CUDA-graph capture cannot do: validate once before capturing, or "
+                             "leave validate at None or False (the kernel clamps lengths and "
+                             "block ids into range)")
+        return True
+    return False
 
 
 def _int32(t: torch.Tensor) -> torch.Tensor:
@@ -314,8 +345,9 @@ def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_spl
 # An eager ``flash_decode`` with default arguments whose inputs have the shapes, strides, dtypes
 # and devices of an earlier call's, with the same scale and lengths' layout, would pass the same
 # checks and get the same plan and bound launch: it repeats that launch (``_Repeat``) with no
-# checks, no plan key, one allocation (o) and one call into Triton's C launcher. A transformers
-# model makes that call once per layer, so from the second layer of a step on every call does.
+# checks (but the lengths' values on the CPU, where reading them is free), no plan key, one
+# allocation (o) and one call into Triton's C launcher. A transformers model makes that call
+# once per layer, so from the second layer of a step on every call does.
 _REPEATS: dict = {}
 _MAX_REPEATS = 64
 _PLAIN_EMPTY = kd._empty
@@ -382,7 +414,7 @@ def _config_dict(config: list[int]):
 # ---------------------------------------------------------------------------------------------
 
 def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm_scale=None,
-                 return_lse=False, config=None, validate=False, window_size=FULL_WINDOW,
+                 return_lse=False, config=None, validate=None, window_size=FULL_WINDOW,
                  softcap=NO_CAP, alibi_slopes=None, sinks=None):
     """Flash-Decoding: attention of a few query tokens to a KV cache, split over the keys.
 
@@ -402,9 +434,17 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm
     includes it, and a row that sees no key gets o = 0 and lse = sink.
 
     num_splits: key splits per sequence (None: chosen from the SM count and the work);
-    config: override of dict(BLOCK_N, num_warps, num_stages); validate=True also checks that
-    every length lies in [0, N_max], which reads them back to the host (one synchronisation).
-    Without it a length outside the range is clamped to it by the kernel.
+    config: override of dict(BLOCK_N, num_warps, num_stages).
+
+    validate: whether the lengths' values are checked, every L_b in [0, N_max] (else a
+    ValueError naming cache_seqlens). None (the default): where that costs nothing, on the CPU
+    (not while torch.compile traces); on a GPU the call reads nothing back, so it makes no
+    synchronisation. True: on every device; on a GPU it reads the lengths back (one
+    synchronisation), and it is refused under torch.compile and in a CUDA-graph capture.
+    False: never. A length nothing checked is clamped into [0, N_max] by the kernel:
+    L_b > N_max gives the attention over all N_max keys of the sequence's cache (queries
+    aligned to its end), L_b < 0 that over no key (o = 0, lse = −inf, or the sink's logit).
+    A wrong answer without an error, but never a read outside the cache.
     """
     repeat_key = None
     if (not torch.compiler.is_compiling() and num_splits is None and config is None
@@ -417,6 +457,9 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm
             repeat_key = None
         else:
             if repeat is not None:
+                # (on a GPU the first test ends it: the default repeat does no more than before)
+                if _FREE_READS and validate is None and cache_seqlens is not None:
+                    check_cache_seqlens(cache_seqlens, k_cache.shape[2])  # free on the CPU
                 o = repeat(q, k_cache, v_cache, cache_seqlens)
                 if o is not None:
                     return o
@@ -428,8 +471,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm
     if variants is not None and (variants[2] is not alibi_slopes or variants[3] is not sinks):
         repeat_key = None  # made contiguous: a call like this one copies them again
     if cache_seqlens is not None:
-        if validate:
-            _refuse_validate_when_compiling()
+        if (validate or _FREE_READS) and _checks_values(validate):
             check_cache_seqlens(cache_seqlens, N_max)
         lens = _int32(cache_seqlens)
         if lens is not cache_seqlens:  # converted: a call like this one converts again
@@ -446,7 +488,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm
 
 
 def paged_decode(q, k_pages, v_pages, block_table, cache_seqlens, num_splits=None, *,
-                 sm_scale=None, return_lse=False, config=None, validate=False,
+                 sm_scale=None, return_lse=False, config=None, validate=None,
                  window_size=FULL_WINDOW, softcap=NO_CAP, alibi_slopes=None, sinks=None):
     """PagedAttention decode: like ``flash_decode``, with K/V stored in fixed-size pages.
 
@@ -457,10 +499,17 @@ def paged_decode(q, k_pages, v_pages, block_table, cache_seqlens, num_splits=Non
     ignored. Returns what ``flash_decode`` returns on the same logical data, with the same
     variants' keywords (a window reads only the pages that hold its keys).
 
-    validate=True raises a ValueError when a length does not fit in max_blocks·block_size or a
-    block id in use lies outside [0, num_blocks) (it reads both back: a synchronisation).
-    Without it the kernel clamps lengths and block ids into range, so a wrong table gives a
-    wrong answer but never a read outside the pages.
+    validate: whether the values are checked: every length within [0, max_blocks·block_size]
+    (else a ValueError naming cache_seqlens) and every block id in use, those of the first
+    ceil(L_b / block_size) entries of row b, within [0, num_blocks) (else a ValueError naming
+    the block_table entry). None (the default): where that costs nothing, on the CPU (not while
+    torch.compile traces); on a GPU the call reads nothing back. True: on every device (on a
+    GPU a read back: one synchronisation; refused under torch.compile and in a CUDA-graph
+    capture). False: never. What nothing checked, the kernel clamps: a length into
+    [0, max_blocks·block_size] (as ``flash_decode`` clamps into [0, N_max]), a block id into
+    [0, num_blocks − 1], so a negative id reads block 0 and an id past the pool its last block:
+    that block's keys and values (another sequence's, or none written) stand in for the
+    sequence's own. A wrong answer without an error, but never a read outside the pages.
     """
     B, H, H_kv, N_q, D, num_blocks, block_size, max_blocks = _check_pages(
         q, k_pages, v_pages, block_table, cache_seqlens)
@@ -469,8 +518,7 @@ def paged_decode(q, k_pages, v_pages, block_table, cache_seqlens, num_splits=Non
     cfg = _check_config(config, D)
     variants = _variants(q, window_size, softcap, alibi_slopes, sinks)
     capacity = max_blocks * block_size
-    if validate:
-        _refuse_validate_when_compiling()
+    if (validate or _FREE_READS) and _checks_values(validate):
         check_block_table(block_table, cache_seqlens, num_blocks, block_size, capacity)
     block_table, cache_seqlens = _int32(block_table), _int32(cache_seqlens)
     if torch.compiler.is_compiling():
@@ -488,7 +536,8 @@ def _refuse_validate_when_compiling():
     if torch.compiler.is_compiling():
         raise ValueError("validate=True reads cache_seqlens back to the host, which a compiled "
                          "graph cannot do: validate once outside torch.compile, or leave "
-                         "validate=False (the kernel clamps lengths and block ids into range)")
+                         "validate at None or False (the kernel clamps lengths and block ids "
+                         "into range)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -552,10 +601,12 @@ class DecodePlan:
 
     Made by ``plan_decode``. It holds the split count, the launch config and its buffers: the
     splits' partial outputs and lses, and the output ``out`` (B, H, N_q, D) with its ``lse``.
-    ``run`` checks nothing but the shapes it was planned for and writes into ``out``/``lse``,
-    overwriting the previous step's result (FlashInfer's ``run`` does the same with the buffers
-    of its ``plan``): copy a result you want to keep. Every pointer it launches with is either
-    yours or the plan's, so a ``run`` can be captured in a CUDA graph and replayed.
+    ``run`` checks the shapes it was planned for (and, where ``validate`` says, the lengths and
+    the block table: by default at every step on the CPU, never on a GPU) and writes into
+    ``out``/``lse``, overwriting the previous step's result (FlashInfer's ``run`` does the same
+    with the buffers of its ``plan``): copy a result you want to keep. Every pointer it launches
+    with is either yours or the plan's, so a ``run`` can be captured in a CUDA graph and
+    replayed.
     """
 
     def __init__(self, q, k_cache, v_cache, *, block_table=None, num_splits=None,
@@ -575,6 +626,7 @@ class DecodePlan:
         window, softcap, self._alibi, self._sinks = (
             _variants(q, window_size, softcap, alibi_slopes, sinks) or _PLAIN)
         self._q_shape, self._kv_shape = tuple(q.shape), tuple(k_cache.shape)
+        self._table_shape = None if block_table is None else tuple(block_table.shape)
         self.dtype, self.device = q.dtype, q.device
         self.plan = kd.make_plan(B, H, H_kv, N_q, D, n_max, q.device, num_splits=num_splits,
                                  config=cfg, paged=self.paged, page_size=page_size,
@@ -589,11 +641,21 @@ class DecodePlan:
                                    for t in kd.variant_tensors(self._alibi, self._sinks))
         self._bound = None  # the launches of the last step, bound (``run``)
 
-    def run(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, return_lse=False):
+    def run(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, return_lse=False,
+            *, validate=None):
         """One decode step into the plan's buffers: returns ``self.out`` (and ``self.lse``).
 
         ``cache_seqlens`` (B,) int32 (None: every sequence uses all N_max keys); paged plans
-        need ``block_table`` and ``cache_seqlens``, int32 and contiguous."""
+        need ``block_table`` (B, max_blocks) as planned and ``cache_seqlens``, int32 and
+        contiguous (``run`` converts nothing).
+
+        ``validate`` as in ``flash_decode`` and ``paged_decode``: None (the default) checks the
+        lengths and block table where that is free, on the CPU, at every step (their kind,
+        dtype and shape, then every length within the plan's N_max and every block id in use
+        within the pool: a ValueError or TypeError naming the argument); on a GPU a step does
+        nothing more than launch. True checks on every device (on a GPU one synchronisation;
+        refused in a CUDA-graph capture), False never: the kernel then clamps what is out of
+        range, as the functions' docstrings say."""
         if (q.shape != self._q_shape or k_cache.shape != self._kv_shape
                 or v_cache.shape != self._kv_shape or q.dtype != self.dtype):
             raise ValueError(f"this plan is for q {self._q_shape} and caches {self._kv_shape} "
@@ -601,6 +663,8 @@ class DecodePlan:
                              f"k_cache {tuple(k_cache.shape)}: make a new plan")
         if self.paged and (block_table is None or cache_seqlens is None):
             raise ValueError("a paged plan's run needs block_table and cache_seqlens")
+        if (validate or _FREE_READS) and _checks_values(validate):
+            self._check_values(cache_seqlens, block_table)
         bound = self._bound
         # The launches bound by the last step are repeated when only q's contents and address
         # changed: the same cache, lengths and block-table tensors, q with the planned strides,
@@ -633,6 +697,34 @@ class DecodePlan:
                              self.plan.n_max, *self._variant_ptrs)))
         return (self.out, self.lse) if return_lse else self.out
 
+    def _check_values(self, cache_seqlens, block_table) -> None:
+        """``run``'s checks of the lengths and the block table (``validate``): what the launch
+        takes as it is (int32, unit stride, the planned shapes), then the values."""
+        plan = self.plan
+        if cache_seqlens is not None:
+            check_int_vector("cache_seqlens", cache_seqlens, plan.B, self.device)
+            _refuse_conversion("cache_seqlens", cache_seqlens)
+        if not self.paged:
+            if cache_seqlens is not None:
+                check_cache_seqlens(cache_seqlens, plan.n_max)
+            return
+        if not isinstance(block_table, torch.Tensor):
+            raise TypeError(f"block_table must be a torch.Tensor of int32, got "
+                            f"{type(block_table).__name__}")
+        if tuple(block_table.shape) != self._table_shape or block_table.device != self.device:
+            raise ValueError(f"this plan's block_table is {self._table_shape} on {self.device}, "
+                             f"got {tuple(block_table.shape)} on {block_table.device}")
+        _refuse_conversion("block_table", block_table)
+        check_block_table(block_table, cache_seqlens, plan.num_blocks, plan.page_size,
+                          plan.n_max)
+
+
+def _refuse_conversion(name: str, t: torch.Tensor) -> None:
+    """TypeError unless ``t`` is what a plan's run launches with as it is (int32, unit stride)."""
+    if t.dtype != torch.int32 or t.stride(-1) != 1:
+        raise TypeError(f"{name} must be int32 with unit stride in a plan's run (it converts "
+                        f"nothing), got {t.dtype} with strides {tuple(t.stride())}")
+
 
 def plan_decode(q, k_cache, v_cache, *, block_table=None, num_splits=None, sm_scale=None,
                 config=None, merge="auto", window_size=FULL_WINDOW, softcap=NO_CAP,
@@ -650,6 +742,9 @@ def plan_decode(q, k_cache, v_cache, *, block_table=None, num_splits=None, sm_sc
         plan = plan_decode(q, k_cache, v_cache)        # once per batch shape
         for step in range(n_steps):                      # then every step: only launches
             o = plan.run(q, k_cache, v_cache, cache_seqlens)
+
+    (On the CPU each ``run`` also checks the lengths' values, and a paged plan's block ids:
+    ``DecodePlan.run``'s ``validate``.)
     """
     return DecodePlan(q, k_cache, v_cache, block_table=block_table, num_splits=num_splits,
                       sm_scale=sm_scale, config=config, merge=merge, window_size=window_size,

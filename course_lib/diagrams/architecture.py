@@ -17,7 +17,7 @@ COURSE_LIB = ROOT / "course_lib"
 
 #: One line per layer of the contract, top to bottom: what its rooms are for.
 ROLES = (
-    "tools: decks, browser, notebook hygiene",
+    "tools: decks, browser, notebook hygiene, GPU check",
     "published numbers and figures",
     "diagrams drawn for lessons and slides",
     "lesson level: exercises, widgets, Hugging Face",

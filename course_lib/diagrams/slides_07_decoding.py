@@ -4,8 +4,8 @@ bandwidth, paging, the unified max.
 Drawn for slides/07_decoding.md at slide size (``slides_style``) from the same code and data as
 notebooks 11 to 13: ``iomodel.decode`` (published model shapes, program counts),
 ``widgets.split_kv.split_kv`` (the notebook's stepper over one row's split-KV and merge, one
-step per slide), the H100 sweep course_lib/data/decode.json, ``kvcache.simulate_serving`` and
-``unified_max.fallback_rate``.
+step per slide), the H100's drop-in run course_lib/data/dropin.json (``analysis.decode``),
+``kvcache.simulate_serving`` and ``unified_max.fallback_rate``.
 """
 from __future__ import annotations
 
@@ -146,36 +146,40 @@ def split_step(step: int):
     return fig
 
 
-_DECODE = {"flash_decode": ("course flash_decode", C_MAX, "D", "-"),
-           "paged_decode": ("course paged_decode", C_NEW, "o", "-"),
-           "sdpa-CUDNN_ATTENTION": ("cuDNN", C_HBM, "s", "--"),
-           "sdpa-FLASH_ATTENTION": ("FlashAttention-2 (SDPA)", C_OLD, "^", "--"),
-           "flash_attn_v2": ("course flash_attn_v2", "0.45", "x", ":")}
+_DECODE = {"flash_decode": ("course flash_decode (planned step)", C_MAX),
+           "SDPA cuDNN": ("SDPA cuDNN", C_HBM),
+           "SDPA FLASH": ("SDPA FlashAttention-2", C_OLD)}
 
 
-def decode_bandwidth(B: int = 1):
+def decode_bandwidth():
     """The KV cache's read bandwidth as a share of the copy bandwidth measured in the same run,
-    against the cached length (course_lib/data/decode.json, H100, CUDA-graph replays)."""
-    from course_lib.bench.common import load_result
+    at each decode shape of the drop-in run (course_lib/data/dropin.json, the current one; H100,
+    CUDA-graph replays; ``analysis.decode.bandwidth_rows``)."""
+    from course_lib.analysis.decode import bandwidth_rows
 
-    result = load_result("decode")
-    if result is None:
+    rows = sorted(bandwidth_rows(), key=lambda r: (r["kv_bytes"], r["B"]))
+    if not rows:
         return None
-    rows = sorted((r for r in result["rows"] if r["B"] == B), key=lambda r: r["N"])
     fig = slide_figure(1160, 360)
     ax = fig.subplots()
-    for name, (label, color, marker, ls) in _DECODE.items():
-        pts = [(r["N"], 100 * r["results"][name]["copy_fraction"]) for r in rows
-               if r["results"].get(name, {}).get("copy_fraction")]
-        if pts:
-            ax.plot(*zip(*pts), marker=marker, ls=ls, color=color, lw=3, ms=9, label=label)
+    width = 0.8 / len(_DECODE)
+    for i, (side, (label, color)) in enumerate(_DECODE.items()):
+        x = [j + (i - (len(_DECODE) - 1) / 2) * width for j in range(len(rows))]
+        pct = [100 * r["share"].get(side, 0.0) for r in rows]
+        ax.bar(x, pct, width, color=color, label=label)
+        if side == "flash_decode":
+            for xi, v in zip(x, pct):
+                ax.text(xi, v + 1.5, f"{v:.0f}%", ha="center", va="bottom", fontsize=MIN_PT,
+                        color=color, weight="bold", zorder=3,
+                        bbox=dict(facecolor="white", edgecolor="none", pad=0.5))
     ax.axhline(100, color="k", lw=1.5, ls="--")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks([r["N"] for r in rows], [f"{r['N'] // 1024}k" for r in rows])
-    ax.minorticks_off()
-    ax.set(xlabel="cached tokens N", ylabel="% of copy bandwidth", ylim=(0, 105),
-           title=f"B = {B}, H = 32, H_kv = 8, D = 128")
+    ax.set_xticks(range(len(rows)),
+                  [f"B {r['B']}, N {r['N'] // 1024}k\n{r['kv_bytes'] / 2**20:.0f} MiB"
+                   for r in rows])
+    ax.set(ylabel="% of copy bandwidth", ylim=(0, 112),
+           title="H = 32, H_kv = 8, D = 128, one query token")
     style_axes(ax)
+    ax.grid(False, axis="x")
     fig.legend(*ax.get_legend_handles_labels(), loc="outside right center", fontsize=MIN_PT,
                frameon=False)
     return fig

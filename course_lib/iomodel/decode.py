@@ -19,7 +19,8 @@ Introduced in notebooks/11_kv_cache_gqa.ipynb; used again by notebooks/12_flash_
   Flash-Decoding launches ``B · H_kv · num_splits`` programs instead
   (``course_lib.kernels.decode``); the FlashAttention library has such a split-KV path for
   decoding too (``flash_attn_with_kvcache``, ``num_splits``; Dao et al., "Flash-Decoding for
-  long-context inference", 2023).
+  long-context inference", 2023). ``course_lib.diagrams.decode_parallelism`` draws both counts,
+  with the split count the kernel's own rule chooses.
 
 Model shapes are the published ``config.json`` values (layers, attention heads, key/value heads,
 head dim) of the named checkpoints on the Hugging Face hub and in their papers.
@@ -196,38 +197,5 @@ def kv_cache_figure() -> Figure:
     return fig
 
 
-def _splits(batch: int, kv_heads: int, sms: int, programs_per_sm: int) -> int:
-    """The largest power of two of splits that keeps B·H_kv·splits <= programs_per_sm·SMs (the
-    rule of ``course_lib.kernels.decode.choose_num_splits``, long contexts)."""
-    wanted = programs_per_sm * sms // (batch * kv_heads)
-    return 1 << max(0, wanted.bit_length() - 1)
-
-
-def decode_parallelism_figure(sms: int = 132, programs_per_sm: int = 2) -> Figure:
-    """Programs launched at N_q = 1 by a one-program-per-head kernel (the course's
-    ``flash_attn_v2``) and by split-KV (``flash_decode``), against the SMs."""
-    fig = Figure(figsize=(6.8, 4.4), layout="constrained")
-    ax = fig.subplots()
-    batches = [1, 2, 4, 8, 16, 32, 64]
-    H, H_kv = 32, 8
-    ax.plot(batches, [fa_forward_programs(b, H, 1) for b in batches], marker="o",
-            color="tab:blue", label=f"one program per head (flash_attn_v2): B·H, H = {H}")
-    ax.plot(batches, [fa_forward_programs(b, H_kv, 1) for b in batches], marker="s",
-            color="tab:cyan", label=f"… with GQA rows packed: B·H_kv, H_kv = {H_kv}")
-    ax.plot(batches, [split_kv_programs(b, H_kv, _splits(b, H_kv, sms, programs_per_sm))
-                      for b in batches], marker="D", color="tab:red",
-            label=f"split-KV (flash_decode): B·H_kv·splits, ≤ {programs_per_sm} per SM")
-    ax.axhline(sms, color="k", ls="--", lw=1, label=f"{sms} SMs (H100)")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log", base=2)
-    ax.set_xticks(batches, [str(b) for b in batches])
-    ax.set(xlabel="batch size B (decoding, N_q = 1)", ylabel="programs launched",
-           title=f"Who keeps {sms} SMs busy at small batch?")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=10)
-    return fig
-
-
 #: Figures of this module: image name -> function returning a matplotlib Figure.
-FIGURES = {"11_kv_cache_per_token": kv_cache_figure,
-           "11_decode_parallelism": decode_parallelism_figure}
+FIGURES = {"11_kv_cache_per_token": kv_cache_figure}

@@ -124,6 +124,7 @@ CPU_TESTS = ("test_architecture.py", "test_block_map.py", "test_browser_notebook
              "test_browser_widgets.py", "test_device_asserts.py", "test_environment.py",
              "test_exercises.py", "test_figures.py", "test_fp8.py", "test_gpu_check.py",
              "test_iomodel_attention.py", "test_iomodel_backward.py", "test_iomodel_matmul.py",
+             "test_predict.py",
              "test_iomodel_variants.py", "test_masks.py", "test_notebooks_meta.py",
              "test_reference.py", "test_results.py", "test_slides.py", "test_softmax.py",
              "test_sources.py")

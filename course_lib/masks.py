@@ -1,6 +1,6 @@
 """Which keys a query sees: the mask rules of attention's variants, in one place.
 
-Introduced for notebooks/15_attention_variants.ipynb (issue 21). The references
+Introduced for notebooks/15_attention_variants.ipynb. The references
 (``course_lib.reference.attention_variants``), the argument checks (``validate``) and the block
 counts (``iomodel.variants``) read their rules here; the kernel computes the same key ranges in
 Triton (``kernels.band._band_bounds``, and for the backward's key blocks

@@ -370,14 +370,14 @@ def test_bench_hopper_providers_run_the_configs():
     assert ab.GPUMeasure("fwd", torch.float16, provider=bh.provider_fn).provider is bh.provider_fn
 
 
-# ----------------------------------------------------------------------------- session 4 tiles
+# ----------------------------------------------------------------------- tiles per head dim
 
 def test_hopper_configs_per_head_dim():
     def kept(d, causal):
         return [hp.config_label(c) for c in hop.keep_hopper_config(
             hop.HOPPER_CONFIGS, {"HEAD_DIM": d}, CAUSAL=causal)]
 
-    # one config per row since session 6: it won every paired point (hopper_pinned.json)
+    # one config per row: it won every paired point (hopper_pinned.json)
     assert kept(64, True) == kept(64, False) == ["128x64 w4 s3 pinned"]
     assert kept(128, False) == kept(128, True) == ["64x64 w4 s3 l-MMA pinned"]
     # CAUSAL may also come as a named argument, as the autotuner passes it
@@ -425,7 +425,7 @@ def test_tile_idea_rows_from_the_stored_paired_runs():
     assert row["with / without"] == pytest.approx(1.25)
 
 
-# ----------------------------------------------------------------------------- session 5: l on MMA
+# --------------------------------------------------------------------------------- l on MMA
 
 _LMMA_CFG = hop._cfg(32, 16, 4, 2, True, True)
 
@@ -505,7 +505,7 @@ def test_rowsum_and_clock_rows_from_the_stored_runs():
     assert all(600 < r["W"] < 720 and 1000 < r["SM MHz"] < 2000 for r in clocks)
 
 
-# ------------------------------------------------------------------------- session 6: pinned max
+# --------------------------------------------------------------------------------- pinned max
 
 def _pinned_cfg(rowsum):
     return hop._cfg(32, 16, 4, 2, True, rowsum, True)

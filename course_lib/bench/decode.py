@@ -27,7 +27,7 @@ the call (``ms``: the GPU's time, as a serving loop runs a decode step) and call
 kernels' own time). A ratio is only ever taken between two times of the same harness. The
 course's kernels are timed with ``validate=False`` in both; ``ms_eager_default`` adds their
 eager time with ``validate=True`` (host-side checks that read the lengths and block ids back:
-the default when the stored sweep ran; since issue 20 the default reads nothing back, and
+the default when the stored sweep ran; the default now reads nothing back on a GPU, and
 ``python -m course_lib.bench dropin`` times each way of calling).
 
 Reported per (shape, provider): latency in µs; KV bandwidth = bytes of K and V read
@@ -80,7 +80,7 @@ HARNESS = {
     "sdpa_layouts": "SDPA timed with q as GQA rows (B, H_kv, G*N_q, D) and with "
                     "enable_gqa=True (B, H, N_q, D); each backend keeps its faster layout",
 }
-TARGETS = {  # the issue's speed targets (GPU: H100 or H200)
+TARGETS = {  # the speed targets the sweep reports against (GPU: H100 or H200)
     "bw_fraction_b1_128k": 0.85,       # flash_decode KV bandwidth / copy bandwidth, B=1, N=128k
     "bw_fraction_b1_128k_goal": 0.92,
     "latency_vs_cudnn_b1_4k": 1.2,     # flash_decode latency / CUDNN_ATTENTION's, B=1, N=4k
@@ -160,7 +160,8 @@ def _rec(result, B, N, provider):
 
 
 def targets(result: dict) -> list[dict]:
-    """The issue's speed targets, measured: what, value, target, met (None if not measured)."""
+    """The speed targets (``TARGETS``), measured: what, value, target, met (None: not
+    measured)."""
     out = []
     frac = _rec(result, 1, 131072, "flash_decode").get("copy_fraction")
     out.append({"target": "B=1 N=128k flash_decode KV bw / copy bw", "value": frac,

@@ -5,7 +5,8 @@
 
 Three measurements, each with one harness for both sides (course kernels and PyTorch SDPA):
 
-* ``decode``: one query token, H 32, H_kv 8, D 128, fp16, at the shapes of issue 20's table.
+* ``decode``: one query token, H 32, H_kv 8, D 128, fp16, at four shapes (B 1 and N 4k or
+  128k, B 8 and N 4k, B 64 and N 2k).
   Ours: ``flash_decode`` with its default arguments (no value read back), with
   ``validate=True`` (which reads ``cache_seqlens`` back: one synchronisation), a planned step
   (``plan.run``) and that step replayed as a CUDA graph. SDPA's cuDNN and FLASH backends eager

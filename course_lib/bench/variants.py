@@ -4,7 +4,7 @@ turns; and packed sequences (varlen) against the dense kernel at their mean leng
 
     python -m course_lib.bench variants [--backward | --varlen | --tiles] [--out FILE]
 
-B 2, H 16, N 16k, D 128, bf16 (issue 21's shape). The forward (course_lib/data/variants_fwd.json):
+B 2, H 16, N 16k, D 128, bf16. The forward (course_lib/data/variants_fwd.json):
 every provider called eagerly. The backward (variants_bwd.json): for every provider, ours and
 FlexAttention alike, the forward runs once outside the timing and the timed call is
 ``torch.autograd.grad(O, (q, k, v), dO, retain_graph=True)``. Timing: ``triton.testing.do_bench``

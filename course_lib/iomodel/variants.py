@@ -1,6 +1,6 @@
 """The work and the HBM traffic of the variants' forward, counted block by block.
 
-For notebooks/15_attention_variants.ipynb (issue 21). A tiled forward (``kernels.flash_variants``)
+For notebooks/15_attention_variants.ipynb. A tiled forward (``kernels.flash_variants``)
 cuts the scores into BLOCK_M × BLOCK_N tiles. Under a window (causal is ``right = 0``) each tile is
 skipped, run unmasked or run masked (``course_lib.masks.block_kind``); only the tiles it runs load
 their K and V blocks and cost tensor-core FLOPs. Counted here, per (batch, head):

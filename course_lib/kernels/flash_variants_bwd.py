@@ -1,6 +1,6 @@
 """FlashAttention-2 backward for the attention of open models: window, softcap, ALiBi, sinks.
 
-For notebooks/15_attention_variants.ipynb (issue 21). It is lesson 10's backward
+For notebooks/15_attention_variants.ipynb. It is lesson 10's backward
 (``flash_bwd.py``: a dK/dV kernel where a key block stays on chip and query blocks stream past,
 then a dQ kernel where a query block stays and key blocks stream past) with the forward's two
 changes (``flash_variants.py``):

@@ -162,7 +162,7 @@ _CHECKED: dict = {}
 # Defined with torch.library.Library rather than the ``custom_op`` decorator: same schema,
 # fake implementation and autograd, but a call skips ``custom_op``'s Python wrappers (a Dynamo
 # guard and an aliasing check of the outputs on every call), which a compiled prefill pays at
-# every layer (course_lib/data/perf_notes.md, session 10). Our implementations always return
+# every layer (course_lib/data/perf_notes.md, "Masks once per forward"). Our implementations return
 # fresh tensors, which is what that check enforces; tests/test_ops.py runs ``opcheck``.
 _LIB = torch.library.Library("course", "FRAGMENT")
 _LIB.define("flash_attn_fwd(Tensor q, Tensor k, Tensor v, bool causal, float sm_scale, "

@@ -23,6 +23,9 @@ LESSONS = (
            "masked rows", "01_softmax"),
     Lesson("02_gpu_memory", "SMs, warps, the memory hierarchy, real GPU specs, the roofline",
            "02_gpu_tiling"),
+    Lesson("02b_triton_puzzles", "Triton puzzles: masked loads and stores, the program id, "
+           "2-D blocks by broadcasting, strides and views, reductions, a row softmax, tl.dot, "
+           "the launch", None),
     Lesson("03_tiled_matmul", "HBM accesses of naive vs tiled matmul (65536 → 4096), a Triton "
            "matmul", "02_gpu_tiling"),
     Lesson("04_attention_io", "standard attention's three kernels and their Θ(Nd + N²) HBM "

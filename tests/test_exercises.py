@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CATALOGUE = ex.catalogue()
 EXERCISES = {n: e for n, e in CATALOGUE.items() if isinstance(e, ex.Exercise)}
 QUESTIONS = {n: e for n, e in CATALOGUE.items() if isinstance(e, ex.Question)}
-KERNEL_LESSONS = ("00_setup", "03_tiled_matmul", "07_triton_flash_v1", "08_triton_flash_v2",
-                  "10_backward", "12_flash_decoding", "13_paged_attention",
+KERNEL_LESSONS = ("00_setup", "02b_triton_puzzles", "03_tiled_matmul", "07_triton_flash_v1",
+                  "08_triton_flash_v2", "10_backward", "12_flash_decoding", "13_paged_attention",
                   "15_attention_variants")
 
 

@@ -187,7 +187,7 @@ def test_sharing_a_prompt_saves_memory():
 # ------------------------------------------------------------------------------ exercises
 
 def test_exercise_solutions_pass_their_checkers():
-    assert ex.check_kv_bytes_per_token(ex.kv_bytes_per_token_solution)
+    assert ex.check_kv_cache_bytes(ex.kv_cache_bytes_solution)
     assert ex.check_merge_partials(ex.merge_partials_solution)
     assert ex.check_physical_slot(ex.physical_slot_solution)
     assert ex.check_shared_blocks(ex.shared_blocks_solution)
@@ -197,11 +197,24 @@ def test_exercise_stubs_read_not_done_yet(capsys):
     def stub(*args):
         raise NotImplementedError
 
-    for checker in (ex.check_kv_bytes_per_token, ex.check_merge_partials,
+    for checker in (ex.check_kv_cache_bytes, ex.check_merge_partials,
                     ex.check_physical_slot, ex.check_shared_blocks):
         assert not checker(stub)
     out = capsys.readouterr().out
     assert out.count("not done yet") == 4 and "Nudge" not in out  # no hint before an attempt
+
+
+def test_kv_cache_bytes_solution_agrees_with_the_iomodel():
+    """The exercise's configs give the model shapes of lesson 11's table, byte for byte."""
+    from course_lib.iomodel import decode as io
+
+    for name, config in (("Llama-3-8B", "meta-llama/Meta-Llama-3-8B"),
+                         ("Llama-2-13B", "meta-llama/Llama-2-13b-hf"),
+                         ("Llama-2-70B", "meta-llama/Llama-2-70b-hf")):
+        assert ex.kv_cache_bytes_solution(ex.CONFIGS[config], 4096, 3) == \
+            io.kv_cache_bytes(io.MODELS[name], 4096, batch=3)
+    opt = ex.kv_cache_bytes_solution(ex.CONFIGS["facebook/opt-13b"], 1)
+    assert opt == io.VLLM_OPT13B_BYTES  # the vLLM paper's 800 KB per token
 
 
 def test_shared_blocks_solution_agrees_with_the_manager():

@@ -45,6 +45,7 @@ LESSON_MODULES = (
     "course_lib.exercises.setup",            # 00
     "course_lib.exercises.softmax",          # 01, 01b
     "course_lib.exercises.matmul",           # 02, 03
+    "course_lib.exercises.puzzles",          # 02b
     "course_lib.exercises.attention",        # 04, 05, 06
     "course_lib.exercises.triton_flash_v1",  # 07
     "course_lib.exercises.flash_v2",         # 08, 09
@@ -352,7 +353,8 @@ def check(name: str, student: Callable, spec: Callable, cases, hints=(),
 
 def check_kernel(name: str, kernel, prepare: Callable, spec: Callable, cases, hints=(),
                  rtol: float = 1e-5, atol: float = 1e-6, show: bool = True,
-                 describe=None, nudges=None) -> Result:
+                 describe=None, nudges=None, names=None, explain=None,
+                 undefined=None) -> Result:
     """A Triton exercise: run the student's ``@triton.jit`` kernel on every case and compare.
 
     ``prepare(*case) -> (grid, args, outputs)`` lays out one launch: the grid, the kernel's
@@ -360,7 +362,11 @@ def check_kernel(name: str, kernel, prepare: Callable, spec: Callable, cases, hi
     an element never written fails). ``spec(*case)`` gives the expected outputs. Cases hold CPU
     tensors. Every case first runs in the interpreter with each load and store checked
     (``sandbox``); on a GPU the kernel then runs compiled on CUDA copies of the same cases.
-    ``nudges`` add to ``KERNEL_NUDGES`` (a missing mask, unwritten outputs).
+    ``nudges`` add to ``KERNEL_NUDGES`` (a missing mask, unwritten outputs). ``names``: the
+    outputs' names, which a failure then starts with ("z: 3 of 60 values differ ...");
+    ``explain(case, got, want) -> str`` adds what it sees in outputs that differ (a map of the
+    wrong elements, a registered mistake recognised by its signature). ``undefined``: what a
+    masked lane of a load without ``other=`` reads in the interpreter (``sandbox.guarded``).
     """
     import torch
 
@@ -393,15 +399,22 @@ def check_kernel(name: str, kernel, prepare: Callable, spec: Callable, cases, hi
                 oob = None
             else:
                 tensors = {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
-                oob = sandbox.run(kernel, grid, args, tensors)
+                oob = sandbox.run(kernel, grid, args, tensors, undefined=undefined)
         except Exception as exc:  # the student's kernel raised or did not compile
             return f"case {n} ({label}): your kernel raised {sandbox.describe(exc)}"
         if oob:
             return f"case {n} ({label}): {oob}"
         got = tuple(o.float() for o in outputs_tuple(outs))
         want = tuple(w.float() for w in outputs_tuple(spec(*case)))
-        why = _compare(_as_array(got if len(got) > 1 else got[0]),
-                       _as_array(want if len(want) > 1 else want[0]), rtol, atol)
+        if names:
+            why = next((f"{nm}: {w}" for nm, g, e in zip(names, got, want)
+                        if (w := _compare(_as_array(g), _as_array(e), rtol, atol))), None)
+        else:
+            why = _compare(_as_array(got if len(got) > 1 else got[0]),
+                           _as_array(want if len(want) > 1 else want[0]), rtol, atol)
+        if why is not None and explain is not None:
+            more = explain(case, got, want)
+            why += f"\n  {more}" if more else ""
         return None if why is None else (f"case {n} ({label})"
                                          + (", compiled on the GPU" if compiled else "")
                                          + f": {why}")

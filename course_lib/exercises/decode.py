@@ -1,17 +1,23 @@
 """Exercises and think-questions of notebooks/11_kv_cache_gqa.ipynb, 12_flash_decoding.ipynb
 and 13_paged_attention.ipynb.
 
-* 11: ``kv_bytes_per_token`` (Python) — the KV cache's bytes per token of a model shape;
+* 11: ``kv_cache_bytes`` (Python) — the KV cache of a real checkpoint from its config.json
+  (``CONFIGS``): the head dim, the K/V heads and the bytes of a number are derived, not given;
 * 12: ``merge_partials`` (Python) — Flash-Decoding's reduction for one query row, in NumPy;
-  ``merge_kernel`` (Triton) — the same merge as a kernel, one program per query row: the
-  student writes the stable merge (the max, the weights, the masked read of o_s, the sums);
+  ``split_kv`` (Triton, ``course_lib.exercises.flash_decoding``) — the split kernel's loop
+  body, the lesson's main exercise; ``merge_kernel`` (Triton) — the merge as a kernel, one
+  program per query row: the stable merge (the max, the weights, the masked read of o_s, the
+  sums);
 * 13: ``physical_slot`` (Python) — a block-table lookup, logical position -> (block, offset);
   ``paged_gather`` (Triton) — gather a paged K cache into a contiguous one: the student writes
-  the block-table address computation; ``shared_blocks`` (Python) — blocks used by parallel
-  samples that share their prompt, with copy-on-write.
+  the loop body (each key's physical block and slot through the table, its row in the pool,
+  the masks, the copy); ``shared_blocks`` (Python) — blocks used by parallel samples that
+  share their prompt, with copy-on-write.
 
 The reference solutions are the ``*_solution`` functions and kernels below (also tested in
-tests/test_decode.py and tests/test_kvcache.py); the notebooks show only the stubs.
+tests/test_decode.py and tests/test_kvcache.py); the notebooks show only the stubs. The
+checkers of ``kv_cache_bytes`` and ``paged_gather`` diagnose a wrong answer
+(``course_lib.exercises.diagnose``): which registered mistake its outputs look like.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ import triton
 import triton.language as tl
 
 from course_lib.exercises import (
+    KERNEL_NUDGES,
     Exercise,
     Mistake,
     Question,
@@ -30,68 +37,210 @@ from course_lib.exercises import (
     check_kernel,
     poisoned,
     register,
+    sandbox,
 )
+from course_lib.exercises.diagnose import diagnosed
+from course_lib.exercises.flash_v2 import kernel_variant
 from course_lib.iomodel import decode as io
 
 # ============================================================================== lesson 11
 
+#: Excerpts of the config.json of published checkpoints on the Hugging Face hub (the keys a KV
+#: cache depends on, and a few that it does not). OPT-13B's has no num_key_value_heads: it
+#: predates GQA, every query head has its own K/V head. Qwen3-4B and Gemma-2-2B give head_dim
+#: beside hidden_size, and it is not hidden_size / num_attention_heads.
+CONFIGS = {
+    "meta-llama/Meta-Llama-3-8B": {
+        "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+        "max_position_embeddings": 8192, "num_attention_heads": 32, "num_hidden_layers": 32,
+        "num_key_value_heads": 8, "torch_dtype": "bfloat16", "vocab_size": 128256},
+    "meta-llama/Llama-2-13b-hf": {
+        "model_type": "llama", "hidden_size": 5120, "intermediate_size": 13824,
+        "max_position_embeddings": 4096, "num_attention_heads": 40, "num_hidden_layers": 40,
+        "num_key_value_heads": 40, "torch_dtype": "float16", "vocab_size": 32000},
+    "facebook/opt-13b": {
+        "model_type": "opt", "hidden_size": 5120, "ffn_dim": 20480,
+        "max_position_embeddings": 2048, "num_attention_heads": 40, "num_hidden_layers": 40,
+        "torch_dtype": "float16", "vocab_size": 50272},
+    "meta-llama/Llama-2-70b-hf": {
+        "model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672,
+        "max_position_embeddings": 4096, "num_attention_heads": 64, "num_hidden_layers": 80,
+        "num_key_value_heads": 8, "torch_dtype": "float16", "vocab_size": 32000},
+    "Qwen/Qwen3-4B": {
+        "model_type": "qwen3", "hidden_size": 2560, "head_dim": 128, "intermediate_size": 9728,
+        "max_position_embeddings": 40960, "num_attention_heads": 32, "num_hidden_layers": 36,
+        "num_key_value_heads": 8, "torch_dtype": "bfloat16", "vocab_size": 151936},
+    "google/gemma-2-2b": {
+        "model_type": "gemma2", "hidden_size": 2304, "head_dim": 256, "intermediate_size": 9216,
+        "max_position_embeddings": 8192, "num_attention_heads": 8, "num_hidden_layers": 26,
+        "num_key_value_heads": 4, "sliding_window": 4096, "torch_dtype": "float32",
+        "vocab_size": 256000},
+    "TinyLlama/TinyLlama-1.1B-Chat-v1.0": {
+        "model_type": "llama", "hidden_size": 2048, "intermediate_size": 5632,
+        "max_position_embeddings": 2048, "num_attention_heads": 32, "num_hidden_layers": 22,
+        "num_key_value_heads": 4, "torch_dtype": "bfloat16", "vocab_size": 32000},
+}
+
 
 # --- what the notebook shows ----------------------------------------------------------------
-def kv_bytes_per_token(n_layers, n_kv_heads, head_dim, bytes_per_el=2):
-    # TODO: keys and values, every layer, every K/V head
+def kv_cache_bytes(config, n_tokens, batch=1):
+    # TODO: bytes of K and V for `batch` sequences of `n_tokens` tokens, from the config
     raise NotImplementedError
 
 
-def kv_bytes_per_token_solution(n_layers, n_kv_heads, head_dim, bytes_per_el=2):
-    return 2 * n_layers * n_kv_heads * head_dim * bytes_per_el
+# --- the reference and the mistakes students make ------------------------------------------
+def kv_cache_bytes_solution(config, n_tokens, batch=1):
+    """Bytes of the KV cache of ``batch`` sequences of ``n_tokens`` tokens: every layer keeps a
+    key and a value vector per token and K/V head, in the checkpoint's dtype."""
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads", config["num_attention_heads"])
+    bytes_per_el = {"float32": 4, "float16": 2, "bfloat16": 2}[config["torch_dtype"]]
+    return 2 * config["num_hidden_layers"] * kv_heads * head_dim * bytes_per_el * n_tokens * batch
 
 
-def _kv_keys_only(n_layers, n_kv_heads, head_dim, bytes_per_el=2):
-    return n_layers * n_kv_heads * head_dim * bytes_per_el
+def _kv_parts(config):
+    """(layers, K/V heads, query heads, head_dim, hidden_size / heads, bytes a number)."""
+    heads = config["num_attention_heads"]
+    derived = config["hidden_size"] // heads
+    return (config["num_hidden_layers"], config.get("num_key_value_heads", heads), heads,
+            config.get("head_dim") or derived, derived,
+            {"float32": 4, "float16": 2, "bfloat16": 2}[config["torch_dtype"]])
 
 
-def _kv_numbers_not_bytes(n_layers, n_kv_heads, head_dim, bytes_per_el=2):
-    return 2 * n_layers * n_kv_heads * head_dim
+def _kv_keys_only(config, n_tokens, batch=1):
+    layers, kv_heads, _, head_dim, _, nbytes = _kv_parts(config)
+    return layers * kv_heads * head_dim * nbytes * n_tokens * batch
 
 
-def _kv_one_layer(n_layers, n_kv_heads, head_dim, bytes_per_el=2):
-    return 2 * n_kv_heads * head_dim * bytes_per_el
+def _kv_query_heads(config, n_tokens, batch=1):
+    layers, _, heads, head_dim, _, nbytes = _kv_parts(config)
+    return 2 * layers * heads * head_dim * nbytes * n_tokens * batch
+
+
+def _kv_bits(config, n_tokens, batch=1):
+    layers, kv_heads, _, head_dim, _, nbytes = _kv_parts(config)
+    return 2 * layers * kv_heads * head_dim * (8 * nbytes) * n_tokens * batch
+
+
+def _kv_derived_head_dim(config, n_tokens, batch=1):
+    layers, kv_heads, _, _, derived, nbytes = _kv_parts(config)
+    return 2 * layers * kv_heads * derived * nbytes * n_tokens * batch
+
+
+def _kv_two_bytes(config, n_tokens, batch=1):
+    layers, kv_heads, _, head_dim, _, _ = _kv_parts(config)
+    return 2 * layers * kv_heads * head_dim * 2 * n_tokens * batch
+
+
+def _kv_no_batch(config, n_tokens, batch=1):
+    layers, kv_heads, _, head_dim, _, nbytes = _kv_parts(config)
+    return 2 * layers * kv_heads * head_dim * nbytes * n_tokens
+
+
+def _kv_requires_kv_heads(config, n_tokens, batch=1):
+    layers, _, _, head_dim, _, nbytes = _kv_parts(config)
+    return 2 * layers * config["num_key_value_heads"] * head_dim * nbytes * n_tokens * batch
+
+
+_KV_CASES = [("meta-llama/Meta-Llama-3-8B", 8192, 1),
+             ("meta-llama/Llama-2-13b-hf", 4096, 1),
+             ("meta-llama/Llama-2-70b-hf", 4096, 8),
+             ("Qwen/Qwen3-4B", 32768, 2),
+             ("google/gemma-2-2b", 4096, 1),  # within its sliding window: every layer keeps all
+             ("TinyLlama/TinyLlama-1.1B-Chat-v1.0", 2048, 16),
+             ("facebook/opt-13b", 2048, 4)]
+
+#: The wrong formulas students write, and what a student is told when an answer agrees with
+#: one of them on every case up to the first it gets wrong (the first mistake that shows).
+_KV_SIGNATURES = (
+    (_kv_keys_only, "half the expected bytes: the cache holds a key and a value vector per "
+                    "token, layer and K/V head. The factor 2 for K and V is missing."),
+    (_kv_bits, "8x the expected bytes: bits, not bytes (bfloat16 is 16 bits, 2 bytes a "
+               "number)."),
+    (_kv_query_heads, "too large by num_attention_heads / num_key_value_heads exactly (4x for "
+                      "Llama-3-8B, 8x for Llama-2-70B): the query heads were counted, but the "
+                      "cache stores only the K/V heads."),
+    (_kv_derived_head_dim, "right until a config that gives head_dim: Qwen3-4B's heads are not "
+                           "hidden_size / num_attention_heads = 80 wide, they are head_dim = "
+                           "128 wide (Gemma-2-2B's 256, not 288)."),
+    (_kv_two_bytes, "right until Gemma-2-2B, whose torch_dtype is float32: 4 bytes a number, "
+                    "not 2. Read the size from the dtype."),
+    (_kv_no_batch, "right for one sequence, off by the batch for several: each sequence has a "
+                   "cache of its own."),
+)
+
+
+def _describe_kv(case):
+    name, n_tokens, batch = case
+    return f"{name}, {n_tokens} tokens, batch {batch}"
+
+
+def _diagnose_kv(student, message: str) -> str | None:
+    """The first registered mistake the student's answers agree with, case by case up to the
+    first wrong one, in words."""
+    if "KeyError" in message and "num_key_value_heads" in message:
+        return ("facebook/opt-13b's config has no num_key_value_heads: it predates GQA, and "
+                "without that key every query head has its own K/V head (multi-head "
+                "attention). Fall back to num_attention_heads.")
+    got = []
+    for name, n_tokens, batch in _KV_CASES:
+        try:
+            got.append(float(student(CONFIGS[name], n_tokens, batch)))
+        except Exception:  # the check's own message says which case raised
+            break
+    cases = _KV_CASES[:len(got)]
+    right = [kv_cache_bytes_solution(CONFIGS[c], n, b) for c, n, b in cases]
+    first = next((i for i, (g, w) in enumerate(zip(got, right)) if not np.isclose(g, w)), None)
+    if first is None:
+        return None
+    for wrong, why in _KV_SIGNATURES:
+        if np.allclose(got[:first + 1], [wrong(CONFIGS[c], n, b) for c, n, b in
+                                         cases[:first + 1]], rtol=1e-9):
+            return why
+    return None
 
 
 KV_HINTS = (
-    "list what one token leaves behind in one layer: a key vector and a value vector for each "
-    "K/V head (not for each query head: GQA shares them).",
-    "a vector has head_dim numbers and a number takes bytes_per_el bytes; every layer keeps "
-    "its own keys and values.",
-    "check your function by hand on Llama-2-13B in fp16 (40 layers, 40 K/V heads, D = 128): "
-    "section 2 prints its MB per token.",
+    "start from section 2's formula: which key of the config gives each of its factors? Two "
+    "of them are not written in every config as such.",
+    "the cache keeps K/V heads, not query heads. A config without num_key_value_heads "
+    "(written before GQA) has one K/V head per query head.",
+    "head_dim is in some configs; where it is not, a head is hidden_size / "
+    "num_attention_heads wide. The bytes of a number follow from torch_dtype: bfloat16 and "
+    "float16 are 16 bits.",
+    "the formula counts one token of one sequence: multiply by the tokens and the sequences.",
 )
-
-_KV_CASES = [(32, 32, 128, 2),   # Llama-2-7B, fp16
-             (40, 40, 128, 2),   # Llama-2-13B
-             (80, 8, 128, 2),    # Llama-2-70B (GQA)
-             (48, 8, 128, 1),    # Qwen2.5-14B with an 8-bit cache
-             (24, 1, 64, 4)]     # MQA, fp32
+KV_NUDGES = {"KeyError": KV_HINTS[1]}
 
 
-def check_kv_bytes_per_token(student, show: bool = True):
-    """``student(n_layers, n_kv_heads, head_dim, bytes_per_el) -> bytes`` per token."""
-    return check("kv_bytes_per_token", student, kv_bytes_per_token_solution, _KV_CASES,
-                 hints=KV_HINTS, show=show,
-                 describe=lambda c: (f"{c[0]} layers, {c[1]} K/V heads, D = {c[2]}, "
-                                     f"{c[3]} byte{'s' * (c[3] > 1)} a number"))
+def check_kv_cache_bytes(student, show: bool = True):
+    """``student(config, n_tokens, batch) -> bytes`` of K and V, every layer."""
+    def by_name(name, n_tokens, batch):
+        return student(CONFIGS[name], n_tokens, batch)
+
+    result = check("kv_cache_bytes", by_name,
+                   lambda name, n, b: kv_cache_bytes_solution(CONFIGS[name], n, b),
+                   _KV_CASES, show=False, describe=_describe_kv)
+    return diagnosed("kv_cache_bytes", result, lambda msg: _diagnose_kv(student, msg),
+                     KV_HINTS, KV_NUDGES, show)
 
 
 register(Exercise(
-    name="kv_bytes_per_token", lesson="11_kv_cache_gqa", kind="python",
-    writes="the KV cache's bytes per token of a model shape", lines=1,
-    check=check_kv_bytes_per_token, solution=kv_bytes_per_token_solution,
-    stub=kv_bytes_per_token,
-    mistakes=(Mistake("keys only, no values", _kv_keys_only, "values differ"),
-              Mistake("numbers, not bytes", _kv_numbers_not_bytes, "values differ"),
-              Mistake("one layer only", _kv_one_layer, "values differ")),
+    name="kv_cache_bytes", lesson="11_kv_cache_gqa", kind="python",
+    writes="the KV cache of a real checkpoint from its config.json: head dim, K/V heads, dtype",
+    lines=4, check=check_kv_cache_bytes, solution=kv_cache_bytes_solution, stub=kv_cache_bytes,
+    mistakes=(Mistake("keys only: the factor 2 for K and V forgotten", _kv_keys_only,
+                      "factor 2 for K and V"),
+              Mistake("query heads instead of K/V heads", _kv_query_heads,
+                      "query heads were counted"),
+              Mistake("bits, not bytes", _kv_bits, "bits, not bytes"),
+              Mistake("head_dim always hidden_size / num_attention_heads",
+                      _kv_derived_head_dim, "a config that gives head_dim"),
+              Mistake("2 bytes a number whatever the dtype", _kv_two_bytes, "float32"),
+              Mistake("one sequence, whatever the batch", _kv_no_batch, "off by the batch"),
+              Mistake("num_key_value_heads read from every config", _kv_requires_kv_heads,
+                      "predates GQA")),
     hints=KV_HINTS))
-
 
 _GQA4 = dict(B=1, H=32, H_kv=8, L=32768, D=128)  # section 4's GQA-4 row
 _spec1 = io.decode_attention_io(N_q=1, **_GQA4)
@@ -331,125 +480,19 @@ def _merge_kernel_solution(O_PART, LSE_PART, OUT, LSE_OUT, S, D,
     tl.store(LSE_OUT + row, lse)
 
 
-@triton.jit
-def _merge_kernel_no_max(O_PART, LSE_PART, OUT, LSE_OUT, S, D,
-                         BLOCK_S: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
-    row = tl.program_id(0)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    denom = tl.zeros([CHUNK], tl.float32)
-    for s0 in range(0, S, CHUNK):
-        offs_c = s0 + tl.arange(0, CHUNK)
-        lse_s = tl.load(LSE_PART + row * S + offs_c, mask=offs_c < S, other=float("-inf"))
-        used = lse_s > float("-inf")
-        w = tl.where(used, tl.exp(lse_s), 0.0)  # e^lse_s: inf once lse_s > 88 in fp32
-        o_mask = used[:, None] & d_ok[None, :]
-        o_s = tl.load(O_PART + (row * S + offs_c)[:, None] * D + offs_d[None, :],
-                      mask=o_mask, other=0.0)
-        acc = acc + tl.sum(o_s * w[:, None], 0)
-        denom = denom + w
-    total = tl.sum(denom, 0)
-    has_keys = total > 0.0
-    total_safe = tl.where(has_keys, total, 1.0)
-    o = acc / total_safe
-    lse = tl.where(has_keys, tl.log(total_safe), float("-inf"))
-    tl.store(OUT + row * D + offs_d, o, mask=d_ok)
-    tl.store(LSE_OUT + row, lse)
-
-
-@triton.jit
-def _merge_kernel_reads_empty(O_PART, LSE_PART, OUT, LSE_OUT, S, D,
-                              BLOCK_S: tl.constexpr, CHUNK: tl.constexpr,
-                              BLOCK_D: tl.constexpr):
-    row = tl.program_id(0)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    offs_s = tl.arange(0, BLOCK_S)
-    lse_all = tl.load(LSE_PART + row * S + offs_s, mask=offs_s < S, other=float("-inf"))
-    lse_max = tl.max(lse_all, 0)
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    denom = tl.zeros([CHUNK], tl.float32)
-    for s0 in range(0, S, CHUNK):
-        offs_c = s0 + tl.arange(0, CHUNK)
-        lse_s = tl.load(LSE_PART + row * S + offs_c, mask=offs_c < S, other=float("-inf"))
-        used = lse_s > float("-inf")
-        w = tl.where(used, tl.exp(lse_s - lse_max), 0.0)
-        o_mask = (offs_c < S)[:, None] & d_ok[None, :]  # reads the empty splits' o_s too
-        o_s = tl.load(O_PART + (row * S + offs_c)[:, None] * D + offs_d[None, :],
-                      mask=o_mask, other=0.0)
-        acc = acc + tl.sum(o_s * w[:, None], 0)  # 0 · NaN = NaN
-        denom = denom + w
-    total = tl.sum(denom, 0)
-    has_keys = total > 0.0
-    total_safe = tl.where(has_keys, total, 1.0)
-    o = acc / total_safe
-    lse = tl.where(has_keys, lse_max + tl.log(total_safe), float("-inf"))
-    tl.store(OUT + row * D + offs_d, o, mask=d_ok)
-    tl.store(LSE_OUT + row, lse)
-
-
-@triton.jit
-def _merge_kernel_no_d_mask(O_PART, LSE_PART, OUT, LSE_OUT, S, D,
-                            BLOCK_S: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
-    row = tl.program_id(0)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    offs_s = tl.arange(0, BLOCK_S)
-    lse_all = tl.load(LSE_PART + row * S + offs_s, mask=offs_s < S, other=float("-inf"))
-    lse_max = tl.max(lse_all, 0)
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    denom = tl.zeros([CHUNK], tl.float32)
-    for s0 in range(0, S, CHUNK):
-        offs_c = s0 + tl.arange(0, CHUNK)
-        lse_s = tl.load(LSE_PART + row * S + offs_c, mask=offs_c < S, other=float("-inf"))
-        used = lse_s > float("-inf")
-        w = tl.where(used, tl.exp(lse_s - lse_max), 0.0)
-        o_mask = used[:, None]  # no mask on d: BLOCK_D > D reads past the last row
-        o_s = tl.load(O_PART + (row * S + offs_c)[:, None] * D + offs_d[None, :],
-                      mask=o_mask, other=0.0)
-        acc = acc + tl.sum(o_s * w[:, None], 0)
-        denom = denom + w
-    total = tl.sum(denom, 0)
-    has_keys = total > 0.0
-    total_safe = tl.where(has_keys, total, 1.0)
-    o = acc / total_safe
-    lse = tl.where(has_keys, lse_max + tl.log(total_safe), float("-inf"))
-    tl.store(OUT + row * D + offs_d, o, mask=d_ok)
-    tl.store(LSE_OUT + row, lse)
-
-
-@triton.jit
-def _merge_kernel_exp2(O_PART, LSE_PART, OUT, LSE_OUT, S, D,
-                       BLOCK_S: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
-    row = tl.program_id(0)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    offs_s = tl.arange(0, BLOCK_S)
-    lse_all = tl.load(LSE_PART + row * S + offs_s, mask=offs_s < S, other=float("-inf"))
-    lse_max = tl.max(lse_all, 0)
-    lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    denom = tl.zeros([CHUNK], tl.float32)
-    for s0 in range(0, S, CHUNK):
-        offs_c = s0 + tl.arange(0, CHUNK)
-        lse_s = tl.load(LSE_PART + row * S + offs_c, mask=offs_c < S, other=float("-inf"))
-        used = lse_s > float("-inf")
-        w = tl.where(used, tl.math.exp2(lse_s - lse_max), 0.0)  # the lse_s are natural logs
-        o_mask = used[:, None] & d_ok[None, :]
-        o_s = tl.load(O_PART + (row * S + offs_c)[:, None] * D + offs_d[None, :],
-                      mask=o_mask, other=0.0)
-        acc = acc + tl.sum(o_s * w[:, None], 0)
-        denom = denom + w
-    total = tl.sum(denom, 0)
-    has_keys = total > 0.0
-    total_safe = tl.where(has_keys, total, 1.0)
-    o = acc / total_safe
-    lse = tl.where(has_keys, lse_max + tl.math.log2(total_safe), float("-inf"))
-    tl.store(OUT + row * D + offs_d, o, mask=d_ok)
-    tl.store(LSE_OUT + row, lse)
+_W_LINE = "w = tl.where(used, tl.exp(lse_s - lse_max), 0.0)"
+_LSE_LINE = 'lse = tl.where(has_keys, lse_max + tl.log(total_safe), float("-inf"))'
+_O_MASK_LINE = "o_mask = used[:, None] & d_ok[None, :]"
+_merge_kernel_no_max = kernel_variant(  # e^lse_s: inf once lse_s > 88 in fp32
+    _merge_kernel_solution, (_W_LINE, "w = tl.where(used, tl.exp(lse_s), 0.0)"),
+    (_LSE_LINE, 'lse = tl.where(has_keys, tl.log(total_safe), float("-inf"))'))
+_merge_kernel_reads_empty = kernel_variant(  # the empty splits' o_s too: 0 · NaN = NaN
+    _merge_kernel_solution, (_O_MASK_LINE, "o_mask = (offs_c < S)[:, None] & d_ok[None, :]"))
+_merge_kernel_no_d_mask = kernel_variant(  # BLOCK_D > D reads past the last row
+    _merge_kernel_solution, (_O_MASK_LINE, "o_mask = used[:, None]"))
+_merge_kernel_exp2 = kernel_variant(  # the lse_s are natural logs
+    _merge_kernel_solution, (_W_LINE, "w = tl.where(used, tl.math.exp2(lse_s - lse_max), 0.0)"),
+    (_LSE_LINE, 'lse = tl.where(has_keys, lse_max + tl.math.log2(total_safe), float("-inf"))'))
 
 
 def _merge_in_torch(o_part, lse_part):
@@ -682,17 +725,13 @@ def paged_gather_kernel(K_PAGES, BLOCK_TABLE, SEQLENS, OUT,
     bg = tl.program_id(0)  # b * H_KV + g: sequence b, K/V head g
     b = bg // H_KV
     g = bg % H_KV
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # logical key positions
     offs_d = tl.arange(0, HEAD_DIM)
     seqlen = tl.load(SEQLENS + b)
-    n_ok = offs_n < seqlen  # keys past the sequence's end: nothing to read, zeros written
+    table_row = BLOCK_TABLE + b * stride_tb  # entry j: the physical block of logical block j
     k_head = K_PAGES + g * stride_ph  # head g's part of every block of the pool
-    block = ...  # TODO: the physical block of each key (from row b of the block table)
-    slot = ...  # TODO: the slot of each key inside its block
-    rows = ...  # TODO: where each key's row starts in the pool, from k_head (its strides)
-    k = tl.load(k_head + rows[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-    out_ptrs = OUT + (bg * N_MAX + offs_n)[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(out_ptrs, k, mask=(offs_n < N_MAX)[:, None])
+    out_head = OUT + bg * N_MAX * HEAD_DIM  # out[b, g]: row n at out_head + n * HEAD_DIM
+    for start_n in range(0, N_MAX, BLOCK_N):
+        ...  # TODO: the loop body: this tile's keys, their rows through the table, the copy
 
 
 # --- the reference and the mistakes students make ------------------------------------------
@@ -704,104 +743,42 @@ def _paged_gather_solution(K_PAGES, BLOCK_TABLE, SEQLENS, OUT,
     bg = tl.program_id(0)  # b * H_KV + g: sequence b, K/V head g
     b = bg // H_KV
     g = bg % H_KV
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # logical key positions
     offs_d = tl.arange(0, HEAD_DIM)
     seqlen = tl.load(SEQLENS + b)
-    n_ok = offs_n < seqlen  # keys past the sequence's end: nothing to read, zeros written
+    table_row = BLOCK_TABLE + b * stride_tb  # entry j: the physical block of logical block j
     k_head = K_PAGES + g * stride_ph  # head g's part of every block of the pool
-    block = tl.load(BLOCK_TABLE + b * stride_tb + offs_n // BLOCK_SIZE, mask=n_ok, other=0)
-    slot = offs_n % BLOCK_SIZE
-    rows = block * stride_pb + slot * stride_ps
-    k = tl.load(k_head + rows[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-    out_ptrs = OUT + (bg * N_MAX + offs_n)[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(out_ptrs, k, mask=(offs_n < N_MAX)[:, None])
+    out_head = OUT + bg * N_MAX * HEAD_DIM  # out[b, g]: row n at out_head + n * HEAD_DIM
+    for start_n in range(0, N_MAX, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)  # logical key positions
+        n_ok = offs_n < seqlen  # past the length: no table entry to read, zeros written
+        block = tl.load(table_row + offs_n // BLOCK_SIZE, mask=n_ok, other=0)
+        slot = offs_n % BLOCK_SIZE
+        rows = block * stride_pb + slot * stride_ps
+        k = tl.load(k_head + rows[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
+        tl.store(out_head + offs_n[:, None] * HEAD_DIM + offs_d[None, :], k,
+                 mask=(offs_n < N_MAX)[:, None])
 
 
-@triton.jit
-def _paged_gather_swapped(K_PAGES, BLOCK_TABLE, SEQLENS, OUT,
-                          stride_pb, stride_ps, stride_ph, stride_tb, H_KV, N_MAX,
-                          BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                          HEAD_DIM: tl.constexpr):
-    bg = tl.program_id(0)
-    b = bg // H_KV
-    g = bg % H_KV
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    seqlen = tl.load(SEQLENS + b)
-    n_ok = offs_n < seqlen
-    k_head = K_PAGES + g * stride_ph
-    block = tl.load(BLOCK_TABLE + b * stride_tb + offs_n % BLOCK_SIZE, mask=n_ok, other=0)
-    slot = offs_n // BLOCK_SIZE
-    rows = block * stride_pb + slot * stride_ps
-    k = tl.load(k_head + rows[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-    out_ptrs = OUT + (bg * N_MAX + offs_n)[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(out_ptrs, k, mask=(offs_n < N_MAX)[:, None])
+_GATHER_WRONG = {
+    "swapped": kernel_variant(_paged_gather_solution,
+                              ("offs_n // BLOCK_SIZE, mask", "offs_n % BLOCK_SIZE, mask"),
+                              ("slot = offs_n % BLOCK_SIZE", "slot = offs_n // BLOCK_SIZE")),
+    "no_table": kernel_variant(_paged_gather_solution, (
+        "block = tl.load(table_row + offs_n // BLOCK_SIZE, mask=n_ok, other=0)",
+        "block = offs_n // BLOCK_SIZE")),
+    "k_unmasked": kernel_variant(_paged_gather_solution, (
+        "mask=n_ok[:, None], other=0.0)", ")")),
+    "table_unmasked": kernel_variant(_paged_gather_solution, (
+        "offs_n // BLOCK_SIZE, mask=n_ok, other=0)", "offs_n // BLOCK_SIZE)")),
+    "store_unmasked": kernel_variant(_paged_gather_solution, (
+        "k,\n                 mask=(offs_n < N_MAX)[:, None])", "k)")),
+    "no_strides": kernel_variant(_paged_gather_solution, (
+        "rows = block * stride_pb + slot * stride_ps",
+        "rows = (block * BLOCK_SIZE + slot) * HEAD_DIM")),
+}
 
 
-@triton.jit
-def _paged_gather_no_table(K_PAGES, BLOCK_TABLE, SEQLENS, OUT,
-                           stride_pb, stride_ps, stride_ph, stride_tb, H_KV, N_MAX,
-                           BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                           HEAD_DIM: tl.constexpr):
-    bg = tl.program_id(0)
-    b = bg // H_KV
-    g = bg % H_KV
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    seqlen = tl.load(SEQLENS + b)
-    n_ok = offs_n < seqlen
-    k_head = K_PAGES + g * stride_ph
-    block = offs_n // BLOCK_SIZE  # the logical block taken for the physical one
-    slot = offs_n % BLOCK_SIZE
-    rows = block * stride_pb + slot * stride_ps
-    k = tl.load(k_head + rows[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-    out_ptrs = OUT + (bg * N_MAX + offs_n)[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(out_ptrs, k, mask=(offs_n < N_MAX)[:, None])
-
-
-@triton.jit
-def _paged_gather_table_unmasked(K_PAGES, BLOCK_TABLE, SEQLENS, OUT,
-                                 stride_pb, stride_ps, stride_ph, stride_tb, H_KV, N_MAX,
-                                 BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                                 HEAD_DIM: tl.constexpr):
-    bg = tl.program_id(0)
-    b = bg // H_KV
-    g = bg % H_KV
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    seqlen = tl.load(SEQLENS + b)
-    n_ok = offs_n < seqlen
-    k_head = K_PAGES + g * stride_ph
-    block = tl.load(BLOCK_TABLE + b * stride_tb + offs_n // BLOCK_SIZE)  # past the table's end
-    slot = offs_n % BLOCK_SIZE
-    rows = block * stride_pb + slot * stride_ps
-    k = tl.load(k_head + rows[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-    out_ptrs = OUT + (bg * N_MAX + offs_n)[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(out_ptrs, k, mask=(offs_n < N_MAX)[:, None])
-
-
-@triton.jit
-def _paged_gather_no_strides(K_PAGES, BLOCK_TABLE, SEQLENS, OUT,
-                             stride_pb, stride_ps, stride_ph, stride_tb, H_KV, N_MAX,
-                             BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                             HEAD_DIM: tl.constexpr):
-    bg = tl.program_id(0)
-    b = bg // H_KV
-    g = bg % H_KV
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    seqlen = tl.load(SEQLENS + b)
-    n_ok = offs_n < seqlen
-    k_head = K_PAGES + g * stride_ph
-    block = tl.load(BLOCK_TABLE + b * stride_tb + offs_n // BLOCK_SIZE, mask=n_ok, other=0)
-    slot = offs_n % BLOCK_SIZE
-    rows = (block * BLOCK_SIZE + slot) * HEAD_DIM  # as if the pool held one head
-    k = tl.load(k_head + rows[:, None] + offs_d[None, :], mask=n_ok[:, None], other=0.0)
-    out_ptrs = OUT + (bg * N_MAX + offs_n)[:, None] * HEAD_DIM + offs_d[None, :]
-    tl.store(out_ptrs, k, mask=(offs_n < N_MAX)[:, None])
-
-
-def _gather_in_torch(k_pages, block_table, seqlens, n_max):
+def _gather_in_torch(k_pages, block_table, seqlens, n_max, label=""):
     from course_lib.kvcache import pages_to_contiguous
 
     return pages_to_contiguous(k_pages, block_table, seqlens, n_max)
@@ -853,23 +830,23 @@ def _gather_cases():
          "2 sequences of 16 and 11 keys, 1 head, pages of 4 in a random order"),
         (*_scattered(1, [9, 1, 6, 0], 2, 16, 4, 16),
          "4 sequences of 9, 1, 6 and 0 keys, 2 heads, pages of 4: last blocks partly "
-         "filled, tiles of 8 past a sequence's end"),
+         "filled, tiles of 8 past a sequence's end and past N_MAX = 9"),
         (*_forked(2), "2 samples forked from a 6-token prompt: a block shared by both "
-                      "tables, a copied one, blocks interleaved in the pool"),
+                      "tables, a copied one, blocks interleaved in the pool, -1 in the "
+                      "table past each sequence's last block"),
     ]
 
 
 def prepare_paged_gather(k_pages, block_table, seqlens, n_max, label=""):
-    """One launch: one program per (sequence, K/V head, tile of BLOCK_N keys); out poisoned."""
+    """One launch: one program per (sequence, K/V head); out poisoned."""
     num_blocks, block_size, H_kv, D = k_pages.shape
     B = block_table.shape[0]
     out = poisoned(B, H_kv, n_max, D, like=k_pages)
-    grid = (B * H_kv, triton.cdiv(n_max, GATHER_BLOCK_N))
     args = dict(K_PAGES=k_pages, BLOCK_TABLE=block_table, SEQLENS=seqlens, OUT=out,
                 stride_pb=k_pages.stride(0), stride_ps=k_pages.stride(1),
                 stride_ph=k_pages.stride(2), stride_tb=block_table.stride(0), H_KV=H_kv,
                 N_MAX=n_max, BLOCK_SIZE=block_size, BLOCK_N=GATHER_BLOCK_N, HEAD_DIM=D)
-    return grid, args, out
+    return (B * H_kv,), args, out
 
 
 def _gather_spec(k_pages, block_table, seqlens, n_max, label=""):
@@ -878,20 +855,89 @@ def _gather_spec(k_pages, block_table, seqlens, n_max, label=""):
     return pages_to_contiguous(k_pages, block_table, seqlens, n_max)
 
 
+def _gather_model(k_pages, block_table, seqlens, n_max, mistake):
+    """out as a kernel with ``mistake`` computes it: "swapped" (block and slot), "no_table"
+    (the logical block taken for the physical one) or "no_strides" (rows counted as if the pool
+    held one head); None where that kernel would read outside the pool."""
+    num_blocks, bs, H_kv, D = k_pages.shape
+    flat = k_pages.reshape(-1)
+    out = torch.zeros(block_table.shape[0], H_kv, n_max, D, dtype=k_pages.dtype)
+    for b, n_b in enumerate(seqlens.tolist()):
+        for n in range(n_b):
+            j, slot = divmod(n, bs)
+            if mistake == "swapped":
+                j, slot = slot, j
+            if j >= block_table.shape[1]:
+                return None
+            block = j if mistake == "no_table" else int(block_table[b, j])
+            for g in range(H_kv):
+                start = (g * k_pages.stride(2) + block * k_pages.stride(0)
+                         + slot * k_pages.stride(1))
+                if mistake == "no_strides":
+                    start = g * k_pages.stride(2) + (block * bs + slot) * D
+                if not 0 <= start <= flat.numel() - D:
+                    return None
+                out[b, g, n] = flat[start:start + D]
+    return out
+
+
+_GATHER_LOOKS_LIKE = {
+    "swapped": "out is what a kernel reads with block and slot swapped: the table was indexed "
+               "by the key's position inside its block, and the block number used as the slot.",
+    "no_table": "out is what a kernel reads when the logical block is taken for the physical "
+                "one: the block table was never read, but the pages lie in a random order.",
+    "no_strides": "out is what a kernel reads when it counts rows as if the pool held one head "
+                  "(block·BLOCK_SIZE + slot rows of HEAD_DIM): the pool is (num_blocks, "
+                  "BLOCK_SIZE, H_kv, D), so a block is stride_pb elements and a slot "
+                  "stride_ps.",
+}
+
+
+def _diagnose_gather(kernel, message: str) -> str | None:
+    """Run the cases again in the interpreter and match the first wrong one's output."""
+    if "out of bounds" in message or "raised" in message:
+        return None
+    for case in _gather_cases():
+        grid, args, out = prepare_paged_gather(*case)
+        tensors = {n: t for n, t in args.items() if isinstance(t, torch.Tensor)}
+        try:
+            if sandbox.run(kernel, grid, args, tensors):
+                return None
+        except Exception:  # the check's message already says what the kernel raised
+            return None
+        want = _gather_spec(*case)
+        if torch.equal(out, want):
+            continue
+        lens = case[2].tolist()
+        inside = torch.zeros(out.shape[:3], dtype=torch.bool)  # (b, g, n) with n < length
+        for b, n_b in enumerate(lens):
+            inside[b, :, :n_b] = True
+        if torch.equal(out[inside], want[inside]) and not torch.isnan(out).any():
+            return ("every key before a sequence's length is right, but the rows past it are "
+                    "not zeros: past the length the kernel copied whatever the pool holds "
+                    "there. Mask the load of K with the keys that exist (other=0.0).")
+        for mistake, why in _GATHER_LOOKS_LIKE.items():
+            model = _gather_model(*case[:4], mistake)
+            if model is not None and torch.equal(out[inside], model[inside]):
+                return why
+        return None
+    return None
+
+
 GATHER_HINTS = (
     "follow one key n of sequence b: which logical block of the sequence holds it, which "
     "physical block that is (row b of the table says), and which slot inside the block.",
-    "the table row of sequence b starts stride_tb entries after row b − 1, and its entry j "
-    "is logical block j, which holds keys j·BLOCK_SIZE … j·BLOCK_SIZE + BLOCK_SIZE − 1. A "
-    "tile of BLOCK_N keys reads a vector of entries: one tl.load with a vector of offsets.",
-    "lanes past the sequence's end have no table entry to read (the last row of the table "
-    "ends there): mask the table load like the K load, other=0 gives those lanes a harmless "
-    "block id.",
-    "in the pool (num_blocks, BLOCK_SIZE, H_kv, D), stepping to the next block moves "
-    "stride_pb elements and to the next slot stride_ps: how far from k_head is the row of a "
-    "key with a given block and slot?",
+    "a tile is BLOCK_N keys from start_n on; the ones at or past the sequence's length do not "
+    "exist. Logical block j holds keys j·BLOCK_SIZE … j·BLOCK_SIZE + BLOCK_SIZE − 1: a tile "
+    "reads a vector of table entries with one tl.load.",
+    "keys past the length have no table entry to read (a table row ends at the sequence's "
+    "last block, and the last row ends the tensor): mask the table load like the K load.",
+    "in the pool (num_blocks, BLOCK_SIZE, H_kv, D), the next block is stride_pb elements on "
+    "and the next slot stride_ps: how far from k_head is the row of a key? Then copy the "
+    "(BLOCK_N, HEAD_DIM) tile to its rows of out, the rows past N_MAX left alone.",
 )
 GATHER_NUDGES = {
+    "of BLOCK_TABLE": GATHER_HINTS[2],
     "values differ": "your kernel reads real keys, but not the right ones: is the table row "
                      "indexed by the logical block (not the slot), is its entry used as the "
                      "block (not the logical block itself), and are block and slot turned "
@@ -901,24 +947,31 @@ GATHER_NUDGES = {
 
 def check_paged_gather(kernel, show: bool = True):
     """``kernel``: your ``@triton.jit`` paged gather: out[b, g, n] = key n of sequence b."""
-    return check_kernel("paged_gather", kernel, prepare_paged_gather, _gather_spec,
-                        _gather_cases(), hints=GATHER_HINTS, nudges=GATHER_NUDGES, show=show,
-                        rtol=0.0, atol=0.0, describe=lambda c: c[-1])
+    result = check_kernel("paged_gather", kernel, prepare_paged_gather, _gather_spec,
+                          _gather_cases(), show=False, rtol=0.0, atol=0.0,
+                          describe=lambda c: c[-1])
+    return diagnosed("paged_gather", result, lambda msg: _diagnose_gather(kernel, msg),
+                     GATHER_HINTS, {**GATHER_NUDGES, **KERNEL_NUDGES}, show)
 
 
 register(Exercise(
     name="paged_gather", lesson="13_paged_attention", kind="triton",
-    writes="the block-table address of each key: physical block, slot, row in the pool",
-    lines=3, check=check_paged_gather, solution=_paged_gather_solution,
+    writes="the loop body of a paged read: each key's physical block and slot through the "
+           "block table, its row in the pool, the masks, the copy",
+    lines=7, check=check_paged_gather, solution=_paged_gather_solution,
     stub=paged_gather_kernel, extra=(prepare_paged_gather,),
-    mistakes=(Mistake("n % BLOCK_SIZE and n // BLOCK_SIZE swapped", _paged_gather_swapped,
-                      "values differ"),
+    mistakes=(Mistake("block and slot swapped", _GATHER_WRONG["swapped"],
+                      "block and slot swapped"),
               Mistake("no table: the logical block taken for the physical one",
-                      _paged_gather_no_table, "values differ"),
-              Mistake("the table read without its mask", _paged_gather_table_unmasked,
+                      _GATHER_WRONG["no_table"], "block table was never read"),
+              Mistake("the K load without its mask: past the length, not zeros",
+                      _GATHER_WRONG["k_unmasked"], "rows past it are not zeros"),
+              Mistake("the table read without its mask", _GATHER_WRONG["table_unmasked"],
                       "tl.load out of bounds"),
-              Mistake("rows counted as if the pool held one head", _paged_gather_no_strides,
-                      "values differ"),
+              Mistake("the store without its mask", _GATHER_WRONG["store_unmasked"],
+                      "tl.store out of bounds"),
+              Mistake("rows counted as if the pool held one head", _GATHER_WRONG["no_strides"],
+                      "as if the pool held one head"),
               Mistake("an answer in PyTorch, no kernel", _gather_in_torch,
                       "@triton.jit kernel")),
     hints=GATHER_HINTS))
@@ -1019,3 +1072,8 @@ register(Question(
         f"once and the run takes more steps. Copy-on-write also copies 256 tokens instead of "
         f"16. Blocks of 16 keep the waste small and the rows of a tile in long runs."),
     value=_Q13_WASTE_256, rtol=0.05))
+
+
+# The split kernel's loop, lesson 12's main exercise, has a module of its own; importing it here
+# registers it with the lesson's other exercises.
+from course_lib.exercises import flash_decoding  # noqa: E402,F401

@@ -16,6 +16,11 @@ that does not stops the kernel with ``OutOfBounds``, naming the operation, the l
 student's kernel, how many addresses were outside and the nearest tensor ("element 1027 of x,
 which has 1025"). The real access never happens, so the process survives.
 
+``undefined``: what a masked-off lane of a load without ``other=`` reads. The interpreter gives
+0, which hides a missing ``other=``: on a GPU the value is undefined, whatever the lane's
+register held. An exercise whose kernel reduces over masked lanes (a sum, a max, a dot product)
+passes ``undefined=float("nan")``, and a missing ``other=`` shows up as NaN.
+
 This is the same idea as the Sanitizer of triton-viz (the tool Triton-Puzzles is built on,
 https://github.com/Deep-Learning-Profiling-Tools/triton-viz), done with the interpreter's own
 hooks and no extra dependency. On a GPU the exercises first run the student's kernel this way
@@ -97,8 +102,10 @@ def _where(fn_name: str) -> str:
 
 
 @contextlib.contextmanager
-def guarded(tensors: dict, kernel):
+def guarded(tensors: dict, kernel, undefined=None):
     """Check every load, store and atomic add of ``kernel`` against ``tensors`` ({name: tensor}).
+    ``undefined``: the value a masked-off lane of a floating-point load without ``other=``
+    reads (None: the interpreter's 0).
 
     Raises ``OutOfBounds`` (wrapped by the interpreter in an ``InterpreterError``; ``run``
     unwraps it) at the first access outside all of them.
@@ -136,6 +143,11 @@ def guarded(tensors: dict, kernel):
 
     def load(ptrs, mask, other, *args, **kwargs):
         check("tl.load", ptrs, mask)
+        if other is None and undefined is not None:
+            dtype = np.dtype(ti._get_np_dtype(ptrs.get_element_ty()))
+            if dtype.kind == "f":
+                other = ti.TensorHandle(np.full(np.shape(ptrs.data), undefined, dtype=dtype),
+                                        ptrs.get_element_ty())
         return real_load(ptrs, mask, other, *args, **kwargs)
 
     def store(ptrs, value, mask, *args, **kwargs):
@@ -219,8 +231,9 @@ def interpreter_compat():
 _MISSING = object()
 
 
-def run(kernel, grid, args: dict, tensors: dict):
-    """Launch ``kernel[grid](**args)`` in the interpreter under ``guarded(tensors, kernel)``.
+def run(kernel, grid, args: dict, tensors: dict, undefined=None):
+    """Launch ``kernel[grid](**args)`` in the interpreter under ``guarded(tensors, kernel,
+    undefined)``.
 
     Returns None, or the ``OutOfBounds`` message when the kernel left its tensors. Any other
     error propagates (the interpreter wraps the student's exceptions; ``describe`` reads them).
@@ -229,7 +242,8 @@ def run(kernel, grid, args: dict, tensors: dict):
     try:
         # A wrong kernel overflows or divides by zero; the checker says what came out, so
         # NumPy's RuntimeWarnings (red boxes in JupyterLab) would only add noise.
-        with interpreter_compat(), guarded(tensors, kernel), np.errstate(all="ignore"), \
+        with interpreter_compat(), guarded(tensors, kernel, undefined), \
+                np.errstate(all="ignore"), \
                 warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             interpreted[grid](**args)

@@ -1,7 +1,9 @@
 """Lessons and lectures that a reader can follow: sources named, no internal references.
 
 - no notebook, deck (EN and ZH), README, figure label or course_lib string refers to the
-  private notes the course grew from ("seed 003", "the seed blog", "seeds/001", 种子...);
+  private notes the course grew from ("seed 003", "the seed blog", "seeds/001", 种子...), nor
+  to the project's tracker or its working sessions ("issue 21", "session 12"), which a reader
+  cannot follow: the stored runs' descriptions and the perf notes included;
 - every notebook ends with a reading list (links to the public sources), every deck, in both
   languages, with a references slide;
 - a deck shows Triton kernel code;
@@ -20,6 +22,7 @@ INTERNAL = re.compile(
     r"\bseeds?(?:['’]s)?\s+(?:0\d\d|blog|deck|notes?|lectures?|posts?|sketch|text|document|"
     r"source|material)\b|\bseeds/|seed_sketch|seed sketch|\(seed \d|种子|the seeds?\b(?! of)",
     re.I)
+TRACKER = re.compile(r"\b(?:issue|sessions?|tickets?)\s*#?\d+|\bthe issue's\b", re.I)
 
 
 def cells(path: Path, kind: str) -> list[str]:
@@ -38,12 +41,23 @@ def places():
         yield Path(f"images/{stem}.png"), "\n".join(entry["content"]["texts"]) + "\n" + stem
     for py in sorted((ROOT / "course_lib").rglob("*.py")):
         yield py.relative_to(ROOT), py.read_text()
+    for path in [ROOT / "ARCHITECTURE.md", *sorted((ROOT / "course_lib" / "data").glob("*.md")),
+                 *sorted((ROOT / "course_lib" / "data").glob("*.json"))]:
+        yield path.relative_to(ROOT), path.read_text()
 
 
 def test_no_internal_references():
     found = [f"{where}: {m.group(0)!r}" for where, text in places()
              for m in INTERNAL.finditer(text)]
     assert not found, "name the public source instead:\n" + "\n".join(found)
+
+
+def test_no_tracker_or_session_numbers():
+    """The course speaks of itself: a lesson, a shape, a topic, a date; never a tracker's issue or
+    a working session a reader cannot open."""
+    found = [f"{where}: {m.group(0)!r}" for where, text in places()
+             for m in TRACKER.finditer(text)]
+    assert not found, "name the lesson, the shape or the topic instead:\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])

@@ -11,9 +11,9 @@ catalogue, by the module of its lesson (``course_lib.exercises.<topic>``):
 
 In a notebook:
 
-    check_axpy(axpy_kernel)   # ✗ not done yet  /  ✗ what is wrong and a nudge  /  ✓ passed
-    hint("axpy")              # the next rung of the hint ladder
-    solution("axpy")          # the reference solution: only when asked for by name
+    check_bias_rows(bias_rows_kernel)   # ✗ not done yet / ✗ what is wrong and a nudge / ✓ passed
+    hint("bias_rows")         # the next rung of the hint ladder
+    solution("bias_rows")     # the reference solution: only when asked for by name
     answer("ridge_think")     # the worked answer of a think-question
     check_answer("merge_bytes", 2.1e6)   # a think-question's number
 

@@ -330,12 +330,12 @@ def one_pass_kernel(Q, K, V, DO, LSE2, Delta, DQ, DK, DV, sm_scale, N_Q, N_K,
         do = tl.load(DO + rows, mask=offs_m[:, None] < N_Q, other=0.0)  # (BLOCK_M, HEAD_DIM)
         lse2 = tl.load(LSE2 + offs_m, mask=offs_m < N_Q, other=float("inf"))  # (BLOCK_M,)
         delta = tl.load(Delta + offs_m, mask=offs_m < N_Q, other=0.0)  # (BLOCK_M,)
-        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
+        p = ...  # TODO: your exercise 2 lines: P of this block from lse2
         if CAUSAL:
             p = tl.where(offs_n[None, :] <= offs_m[:, None] + N_K - N_Q, p, 0.0)
-        dv = dv + tl.dot(tl.trans(p), do)
-        ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])  # (BLOCK_M, BLOCK_N)
-        dk = dk + tl.dot(tl.trans(ds), q) * sm_scale
+        dv = ...  # TODO: as in exercise 2
+        ds = ...  # TODO: as in exercise 2 (dP first, then P ∘ (dP − delta))
+        dk = ...  # TODO: as in exercise 2
         dq = ...  # TODO: this key block's share of dQ for rows offs_m, (BLOCK_M, HEAD_DIM)
         ...  # TODO: add it into DQ's rows offs_m: other programs add theirs to the same rows
     tl.store(DK + kv_ptrs, dk, mask=offs_n[:, None] < N_K)
@@ -410,8 +410,9 @@ def check_one_pass(kernel, show: bool = True) -> Result:
 
 register(Exercise(
     name="one_pass_kernel", lesson="10_backward", kind="triton",
-    writes="dQ in the dK/dV loop: this key block's share, τ dS K, added with atomic adds",
-    lines=2, check=check_one_pass, solution=_one_pass_solution, stub=one_pass_kernel,
+    writes="the dK/dV loop body of exercise 2 again, plus dQ: this key block's share, τ dS K, "
+           "added with atomic adds",
+    lines=7, check=check_one_pass, solution=_one_pass_solution, stub=one_pass_kernel,
     extra=(prepare_one_pass,),
     mistakes=(
         Mistake("a store instead of an atomic add: the last key block wins", kernel_variant(

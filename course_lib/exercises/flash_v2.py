@@ -406,7 +406,7 @@ def flash_v2_causal_kernel(Q, K, V, O, sm_scale, N_Q, N_K, HEAD_DIM: tl.constexp
         acc = ...  # TODO: as in exercise 2
         m_i = m_new
     o = ...  # TODO: the one division; O = 0 in a row that saw no key (l_i = 0), never NaN
-    tl.store(o_ptrs, o, mask=offs_m[:, None] < N_Q)
+    ...  # TODO: store o, as in exercise 2
 
 
 # --- the reference and the mistakes ---------------------------------------------------------

@@ -30,11 +30,21 @@ def _source(obj) -> str:
     return textwrap.dedent(inspect.getsource(python_function(obj)))
 
 
+def _body(source: str) -> list[str]:
+    """The lines of a function's body: its signature, however many lines, left out."""
+    import ast
+
+    tree = ast.parse(source)
+    func = tree.body[0]
+    first = func.body[0].lineno if func.body else len(source.splitlines()) + 1
+    return source.splitlines()[first - 1:]
+
+
 def key_lines(exercise) -> list[str]:
     """The stripped lines of the reference that the stub does not show: what the student must
     find (no signatures, decorators, comments, docstrings or returns of bare names)."""
     stub = {line.strip() for line in _source(exercise.stub).splitlines()}
-    return [line.strip() for line in _source(exercise.solution).splitlines()
+    return [line.strip() for line in _body(_source(exercise.solution))
             if line.strip() and line.strip() not in stub and len(line.strip()) >= MIN_KEY_LENGTH
             and not line.strip().startswith(("def ", "@", "#", '"""', "'''"))
             and not _BARE_RETURN.match(line.strip())]

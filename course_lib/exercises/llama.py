@@ -56,6 +56,12 @@ def _attn_top_left(module, query, key, value, attention_mask, scaling=None, drop
     return (s.softmax(-1) @ v).transpose(1, 2), None
 
 
+def _attn_default_scale(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                        **kwargs):
+    """``scaling`` ignored: right for LLaMA (1/√D), wrong for a model that scales otherwise."""
+    return flash_attn_v2(query, key, value, causal=True).transpose(1, 2), None
+
+
 def _attn_tensor_only(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                       **kwargs):
     return flash_attn_v2(query, key, value, causal=True, sm_scale=scaling).transpose(1, 2)
@@ -84,6 +90,9 @@ HINTS = (
 NUDGES = {
     "shape": HINTS[1],
     "attn_weights": HINTS[2],
+    "not D^-1/2": "the only case that fails is the one whose scaling is not 1/√D: transformers "
+                  "hands every call the model's scaling (Gemma 2 uses its query_pre_attn_scalar,"
+                  " not D). Is yours the one the kernel uses?",
     "a decode step": "the decode step fails: one query against 41 keys sees all of them. With "
                "causal masking, which keys does query i see when N_k > N_q?",
 }
@@ -93,11 +102,12 @@ def check_attention_function(student, show: bool = True):
     """Prefill, one decode step and a chunk after a cache, with GQA (8 query heads, 2 K/V)."""
     gen = torch.Generator().manual_seed(0)
     cases = []
-    for B, N_q, N_k in ((1, 40, 40), (2, 1, 41), (1, 5, 45)):
+    for B, N_q, N_k, scaling in ((1, 40, 40, 32 ** -0.5), (2, 1, 41, 32 ** -0.5),
+                                 (1, 5, 45, 32 ** -0.5), (1, 7, 20, 0.3)):
         q = torch.randn(B, 8, N_q, 32, generator=gen).to(DEVICE)
         k = torch.randn(B, 2, N_k, 32, generator=gen).to(DEVICE)
         v = torch.randn(B, 2, N_k, 32, generator=gen).to(DEVICE)
-        cases.append((q, k, v, 32 ** -0.5))
+        cases.append((q, k, v, scaling))
     layer = _Layer(groups=4)
 
     def run(q, k, v, scaling):
@@ -115,8 +125,10 @@ def check_attention_function(student, show: bool = True):
         q, k = c[0], c[1]
         what = {1: "a decode step"}.get(q.shape[2], "a prompt" if q.shape[2] == k.shape[2]
                                         else "a chunk after a cache")
+        scale = "" if abs(c[3] - q.shape[-1] ** -0.5) < 1e-12 else \
+            f", scaling = {c[3]} (not D^-1/2 = {q.shape[-1] ** -0.5:.3f})"
         return (f"{what}: B = {q.shape[0]}, N_q = {q.shape[2]}, N_k = {k.shape[2]}, "
-                f"H = {q.shape[1]}, H_kv = {k.shape[1]}")
+                f"H = {q.shape[1]}, H_kv = {k.shape[1]}{scale}")
 
     return check("attention_function", run, spec, cases, hints=HINTS, nudges=NUDGES,
                  rtol=1e-4, atol=1e-5, show=show, describe=describe)
@@ -128,6 +140,7 @@ register(Exercise(
     check=check_attention_function, solution=attention_function_solution, stub=my_attention,
     mistakes=(Mistake("the output left in (B, H, N_q, D)", _attn_no_transpose, "shape"),
               Mistake("causal=False", _attn_not_causal, "values differ"),
+              Mistake("the model's scaling ignored", _attn_default_scale, "not D^-1/2"),
               Mistake("causal from the top-left corner", _attn_top_left, "a decode step"),
               Mistake("the tensor alone, not (attn_output, None)", _attn_tensor_only,
                       "attn_weights")),

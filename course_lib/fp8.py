@@ -60,8 +60,11 @@ def fake_quantize(x: torch.Tensor, dtype: torch.dtype, block: int | None = None,
 
 
 def random_rotation(d: int, seed: int = 0) -> torch.Tensor:
-    """A random orthogonal (d, d) float64 matrix: Sylvester's Hadamard matrix over √d, its
-    columns' signs flipped at random. d must be a power of two."""
+    """A random orthogonal (d, d) float64 matrix M = D_s H / √d: a random ±1 diagonal D_s, then
+    Sylvester's Hadamard matrix H, as FlashAttention-3 builds it (section 3.3). A row x becomes
+    x M = ((x ∘ s) H) / √d: the signs come first, so they decide which entries add and which
+    cancel in each output; signs applied after H would change no magnitude. d must be a power
+    of two."""
     if d < 1 or d & (d - 1):
         raise ValueError(f"d must be a power of two for a Hadamard matrix, got {d}")
     h = torch.ones(1, 1, dtype=torch.float64)
@@ -69,7 +72,7 @@ def random_rotation(d: int, seed: int = 0) -> torch.Tensor:
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
     gen = torch.Generator().manual_seed(seed)
     signs = torch.randint(0, 2, (d,), generator=gen).double() * 2 - 1
-    return h / math.sqrt(d) * signs
+    return signs[:, None] * h / math.sqrt(d)  # rows of H signed: x M = (x ∘ s) H / √d
 
 
 def attention_lowp(q, k, v, dtype: torch.dtype = E4M3, causal: bool = False,

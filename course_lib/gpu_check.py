@@ -161,8 +161,10 @@ def _has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def _start(cmd, log: Path, out_file: Path) -> subprocess.Popen:
+def _start(cmd, log: Path, out_file: Path, threads: int = 1) -> subprocess.Popen:
     env = dict(os.environ, COURSE_DEVICE="cuda", PYTHONUNBUFFERED="1", MPLBACKEND="Agg")
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env.setdefault(var, str(threads))  # a process per core: no pool of threads in each
     env[LOG_VAR] = str(log)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     log.unlink(missing_ok=True)
@@ -222,19 +224,19 @@ def run(parts=PARTS, workers: int | None = None, budget_s: float = 540,
     t0 = time.perf_counter()
     work = Path(work_dir or tempfile.mkdtemp(prefix="gpu_check_"))
     work.mkdir(parents=True, exist_ok=True)
-    workers = workers or max(2, (os.cpu_count() or 4) - 2)
+    workers = workers or max(3, (os.cpu_count() or 4) - 1)
     result = {"environment": _environment(), "parts": {}}
     if "bench" in parts:  # first, with the GPU to itself
         from course_lib.bench.smoke import smoke
 
         result["bench"] = smoke()
         result["parts"]["bench"] = {"wall_s": round(time.perf_counter() - t0, 1)}
-    nb_workers = max(1, min(4, workers // 4))
+    nb_workers = max(1, min(4, workers // 3))
     notebooks = _longest_first([str(p.relative_to(ROOT))
                                 for p in sorted((ROOT / "notebooks").glob("*.ipynb"))])
     tests = _longest_first([f"tests/{f}" for f in GPU_TESTS])
     commands = {
-        "tests": _pytest(tests, max(1, workers - nb_workers), _balanced()),
+        "tests": _pytest(tests, max(1, workers - nb_workers - 1), _balanced()),
         "notebooks": _pytest(notebooks, nb_workers, "loadfile"),
         "exercises": [sys.executable, "-m", "course_lib.exercises", "verify", "--quiet"],
     }
@@ -279,7 +281,8 @@ def table(result: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="./course gpu-check", description=__doc__.split("\n")[0])
     ap.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS))
-    ap.add_argument("--workers", type=int, default=None, help="pytest workers in all")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="processes in all: pytest workers and the exercises' one")
     ap.add_argument("--budget", type=float, default=540, help="seconds before parts are stopped")
     ap.add_argument("--work-dir", type=Path, default=None, help="where the logs go")
     ap.add_argument("--record", type=Path, default=RECORD)

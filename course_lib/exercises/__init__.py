@@ -389,8 +389,11 @@ def check_kernel(name: str, kernel, prepare: Callable, spec: Callable, cases, hi
     def outputs_tuple(outs):
         return outs if isinstance(outs, tuple) else (outs,)
 
-    def one_run(n, case, compiled: bool):
-        label = describe(case) if describe else _describe(case)
+    def one_run(n, host_case, compiled: bool):
+        # the kernel runs on the device's copy; the spec and the explanation, on the CPU's
+        case = tuple(c.cuda() if compiled and isinstance(c, torch.Tensor) else c
+                     for c in host_case)
+        label = describe(host_case) if describe else _describe(host_case)
         grid, args, outs = prepare(*case)
         try:
             if compiled:
@@ -404,8 +407,8 @@ def check_kernel(name: str, kernel, prepare: Callable, spec: Callable, cases, hi
             return f"case {n} ({label}): your kernel raised {sandbox.describe(exc)}"
         if oob:
             return f"case {n} ({label}): {oob}"
-        got = tuple(o.float() for o in outputs_tuple(outs))
-        want = tuple(w.float() for w in outputs_tuple(spec(*case)))
+        got = tuple(o.float().cpu() for o in outputs_tuple(outs))
+        want = tuple(w.float().cpu() for w in outputs_tuple(spec(*host_case)))
         if names:
             why = next((f"{nm}: {w}" for nm, g, e in zip(names, got, want)
                         if (w := _compare(_as_array(g), _as_array(e), rtol, atol))), None)
@@ -413,7 +416,7 @@ def check_kernel(name: str, kernel, prepare: Callable, spec: Callable, cases, hi
             why = _compare(_as_array(got if len(got) > 1 else got[0]),
                            _as_array(want if len(want) > 1 else want[0]), rtol, atol)
         if why is not None and explain is not None:
-            more = explain(case, got, want)
+            more = explain(host_case, got, want)
             why += f"\n  {more}" if more else ""
         return None if why is None else (f"case {n} ({label})"
                                          + (", compiled on the GPU" if compiled else "")
@@ -422,8 +425,6 @@ def check_kernel(name: str, kernel, prepare: Callable, spec: Callable, cases, hi
     passes = [False] + ([True] if DEVICE == "cuda" else [])
     for compiled in passes:
         for n, case in enumerate(cases):
-            if compiled:
-                case = tuple(c.cuda() if isinstance(c, torch.Tensor) else c for c in case)
             why = one_run(n, case, compiled)
             if why:
                 nudge = _nudge(name, hints, why, {**KERNEL_NUDGES, **(nudges or {})})

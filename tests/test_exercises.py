@@ -142,8 +142,10 @@ def test_hint_ladder_and_solution(capsys):
     e = EXERCISES[name]
     ex._HINTS_SHOWN.pop(name, None)
     for level in range(len(e.hints)):
-        assert f"hint {level + 1} of {len(e.hints)}" in ex.hint(name)
-    assert f"solution('{name}')" in ex.hint(name)
+        assert ex.hint(name) is None  # printed once: a returned string would show again
+        assert f"hint {level + 1} of {len(e.hints)}" in capsys.readouterr().out
+    ex.hint(name)
+    assert f"solution('{name}')" in capsys.readouterr().out
     ex.solution(name)
     assert source(e.solution).splitlines()[1].strip() in capsys.readouterr().out
 
@@ -156,3 +158,13 @@ def test_list_command():
     assert len(lines) == len(CATALOGUE)
     for line, (name, e) in zip(lines, CATALOGUE.items()):
         assert line.split()[:3] == [e.lesson, name, e.kind]
+
+
+def test_a_registered_mistake_is_named_by_its_signature():
+    """A wrong answer whose outputs are a registered mistake's on the failing case is told
+    which mistake it is, not the ladder's first rung (here 08's e^x where scores are base 2)."""
+    e = EXERCISES["flash_v2_kernel"]
+    wrong = next(m for m in e.mistakes if m.label == "exp for exp2")
+    result = e.check(wrong.answer, show=False)
+    assert not result and "Diagnosis" in result.message and "exp for exp2" in result.message
+    assert e.hints[0] not in result.message

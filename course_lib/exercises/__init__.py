@@ -32,6 +32,8 @@ not a dead Jupyter kernel.
 """
 from __future__ import annotations
 
+import collections
+import contextvars
 import importlib
 import inspect
 import textwrap
@@ -162,8 +164,9 @@ def _get(name: str):
 # The ladder: hint, solution, answer
 # ---------------------------------------------------------------------------------------------
 
-def hint(name: str) -> str:
-    """Print the next hint of exercise ``name`` (the first is the nudge a wrong attempt gets)."""
+def hint(name: str) -> None:
+    """Print the next hint of exercise ``name`` (the first is the nudge a wrong attempt gets).
+    Returns nothing: a returned string would show a second time under a notebook cell."""
     ex = _get(name)
     if isinstance(ex, Question):
         text = f"{name} is a question: answer('{name}') shows the worked answer."
@@ -176,7 +179,6 @@ def hint(name: str) -> str:
             text = (f"That was the last hint for {name}. The reference solution: "
                     f"solution('{name}').")
     print(text)
-    return text
 
 
 def solution_source(name: str) -> str:
@@ -307,6 +309,93 @@ def _nudge(name: str, hints, message: str = "", nudges=None) -> str:
 TODO = "not done yet: write the lines marked TODO, then run this cell again."
 
 
+# ---------------------------------------------------------------------------------------------
+# Recognising a registered mistake by its signature: the outputs it gives on the failing case
+# ---------------------------------------------------------------------------------------------
+
+#: While set to (exercise name, case number), ``check`` and ``check_kernel`` run only that case
+#: and raise ``_Probed`` with its outputs: how a registered mistake's outputs are found.
+_PROBE: contextvars.ContextVar = contextvars.ContextVar("exercise_probe", default=None)
+
+
+class _Probed(Exception):
+    def __init__(self, output):
+        super().__init__("probed")
+        self.output = output
+
+
+def _probing(name: str):
+    """The case number to probe when ``name``'s checker runs inside ``_signature``, else None."""
+    probe = _PROBE.get()
+    return probe[1] if probe is not None and probe[0] == name else None
+
+
+def _same(got, output, rtol: float, atol: float) -> bool:
+    """Whether two outcomes of one case are the same: equal outputs, or the same event (("event",
+    what happened): an access out of bounds, the loads of a kernel whose outputs are right)."""
+    def event(x):
+        return isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) and x[0] == "event"
+
+    if event(got) or event(output):
+        return event(got) and event(output) and got == output
+    try:
+        return _compare(_as_array(got), _as_array(output), rtol, atol) is None
+    except (TypeError, ValueError):
+        return False
+
+
+def _touched(oob: str) -> str:
+    """What an out-of-bounds message says was touched, without the line (a student's line
+    numbers are not a mistake's): "tl.load of 208 lanes"."""
+    import re
+
+    op = re.match(r"(tl\.\w+)", oob)
+    lanes = re.search(r"\d+ of (\d+) addresses", oob)
+    if not (op and lanes):
+        return oob
+    # how many lanes the access had (its mask let through) is the kernel's; which of them fall
+    # outside, and in which tensor, depends on where the allocator put the tensors
+    return f"{op.group(1)} of {lanes.group(1)} lanes"
+
+
+def _signature(name: str, n: int, got, rtol: float, atol: float) -> str | None:
+    """The registered mistakes of exercise ``name`` whose outcome on case ``n`` is the
+    student's (``got``), as a diagnosis; None when none is. Each mistake runs on that one case
+    only (the interpreter, for a kernel): a failed check costs a few more runs, a passed one
+    none."""
+    ex = _REGISTRY.get(name)
+    if not isinstance(ex, Exercise) or _PROBE.get() is not None:
+        return None
+    matches = []
+    for m in ex.mistakes:
+        token = _PROBE.set((name, n))
+        try:
+            ex.check(m.answer, show=False)
+            continue  # it did not reach the case: it raised or failed earlier
+        except _Probed as probed:
+            output = probed.output
+        except Exception:
+            continue
+        finally:
+            _PROBE.reset(token)
+        if _same(got, output, rtol, atol):
+            matches.append(m.label)
+    if not matches:
+        return None
+    return ("\n  Diagnosis: on this case yours does exactly what a mistake students make does: "
+            + "; or ".join(matches) + ".")
+
+
+def _diagnosed(name: str, hints, message: str, nudges, diagnosis: str | None) -> str:
+    """What follows a failure: the diagnosis, when a registered mistake's signature matched,
+    with the nudge chosen by what the message says (never the ladder's first rung, which may
+    point elsewhere); else the nudge as ``_nudge`` picks it."""
+    if not diagnosis:
+        return _nudge(name, hints, message, nudges)
+    keyed = next((n for key, n in (nudges or {}).items() if key in message), None)
+    return diagnosis + (f"\n  Nudge: {keyed}" if keyed else "") + f" More: hint('{name}')."
+
+
 def check(name: str, student: Callable, spec: Callable, cases, hints=(),
           rtol: float = 1e-6, atol: float = 1e-9, show: bool = True, describe=None,
           nudges=None, hint=None) -> Result:
@@ -325,7 +414,10 @@ def check(name: str, student: Callable, spec: Callable, cases, hints=(),
     if is_kernel(student):
         return _report(Result(name, False, "this exercise asks for a Python function, not a "
                               "@triton.jit kernel"), show)
+    probe = _probing(name)
     for n, args in enumerate(cases):
+        if probe is not None and n != probe:
+            continue
         label = describe(args) if describe else _describe(args)
         try:
             got = student(*args)
@@ -339,11 +431,14 @@ def check(name: str, student: Callable, spec: Callable, cases, hints=(),
                 return _report(Result(name, False, TODO + " (it returns None)", "todo"), show)
             why = f"case {n} ({label}) returned None"
             return _report(Result(name, False, why + _nudge(name, hints, why, nudges)), show)
+        if probe is not None:
+            raise _Probed(got)
         want = spec(*args)
         why = _compare(_as_array(got), _as_array(want), rtol, atol)
         if why:
             why = f"case {n} ({label}): {why}"
-            return _report(Result(name, False, why + _nudge(name, hints, why, nudges)), show)
+            nudge = _diagnosed(name, hints, why, nudges, _signature(name, n, got, rtol, atol))
+            return _report(Result(name, False, why + nudge), show)
     return _report(Result(name, True, f"all {len(cases)} cases match"), show)
 
 
@@ -354,7 +449,7 @@ def check(name: str, student: Callable, spec: Callable, cases, hints=(),
 def check_kernel(name: str, kernel, prepare: Callable, spec: Callable, cases, hints=(),
                  rtol: float = 1e-5, atol: float = 1e-6, show: bool = True,
                  describe=None, nudges=None, names=None, explain=None,
-                 undefined=None) -> Result:
+                 undefined=None, visits=None) -> Result:
     """A Triton exercise: run the student's ``@triton.jit`` kernel on every case and compare.
 
     ``prepare(*case) -> (grid, args, outputs)`` lays out one launch: the grid, the kernel's
@@ -367,6 +462,9 @@ def check_kernel(name: str, kernel, prepare: Callable, spec: Callable, cases, hi
     ``explain(case, got, want) -> str`` adds what it sees in outputs that differ (a map of the
     wrong elements, a registered mistake recognised by its signature). ``undefined``: what a
     masked lane of a load without ``other=`` reads in the interpreter (``sandbox.guarded``).
+    ``visits(case, loads) -> str | None``: in the interpreter, what is wrong with the loads each
+    program made ({(tensor name, program): loads}, ``sandbox.guarded``), e.g. key blocks a
+    window kernel should have skipped; checked once the outputs are right.
     """
     import torch
 
@@ -395,6 +493,7 @@ def check_kernel(name: str, kernel, prepare: Callable, spec: Callable, cases, hi
                      for c in host_case)
         label = describe(host_case) if describe else _describe(host_case)
         grid, args, outs = prepare(*case)
+        loads = collections.Counter() if visits is not None and not compiled else None
         try:
             if compiled:
                 kernel[grid](**args)
@@ -402,12 +501,17 @@ def check_kernel(name: str, kernel, prepare: Callable, spec: Callable, cases, hi
                 oob = None
             else:
                 tensors = {k: v for k, v in args.items() if isinstance(v, torch.Tensor)}
-                oob = sandbox.run(kernel, grid, args, tensors, undefined=undefined)
+                oob = sandbox.run(kernel, grid, args, tensors, undefined=undefined,
+                                  loads=loads)
         except Exception as exc:  # the student's kernel raised or did not compile
             return f"case {n} ({label}): your kernel raised {sandbox.describe(exc)}"
         if oob:
-            return f"case {n} ({label}): {oob}"
+            if probe is not None:
+                raise _Probed(("event", _touched(oob)))
+            return f"case {n} ({label}): {oob}", ("event", _touched(oob))
         got = tuple(o.float().cpu() for o in outputs_tuple(outs))
+        if probe is not None and loads is None:
+            raise _Probed(got)
         want = tuple(w.float().cpu() for w in outputs_tuple(spec(*host_case)))
         if names:
             why = next((f"{nm}: {w}" for nm, g, e in zip(names, got, want)
@@ -418,16 +522,31 @@ def check_kernel(name: str, kernel, prepare: Callable, spec: Callable, cases, hi
         if why is not None and explain is not None:
             more = explain(host_case, got, want)
             why += f"\n  {more}" if more else ""
-        return None if why is None else (f"case {n} ({label})"
-                                         + (", compiled on the GPU" if compiled else "")
-                                         + f": {why}")
+        outcome = got
+        if why is None and loads is not None:
+            why = visits(host_case, loads)
+            if why:  # right outputs, wrong loads: the loads are the signature
+                outcome = ("event", "loads " + repr(sorted(loads.items())))
+        if probe is not None:
+            raise _Probed(outcome)
+        if why is None:
+            return None
+        why = f"case {n} ({label})" + (", compiled on the GPU" if compiled else "") + f": {why}"
+        return why, outcome
 
-    passes = [False] + ([True] if DEVICE == "cuda" else [])
+    probe = _probing(name)
+    passes = [False] + ([True] if DEVICE == "cuda" and probe is None else [])
     for compiled in passes:
         for n, case in enumerate(cases):
-            why = one_run(n, case, compiled)
-            if why:
-                nudge = _nudge(name, hints, why, {**KERNEL_NUDGES, **(nudges or {})})
+            if probe is not None and n != probe:
+                continue
+            found = one_run(n, case, compiled)
+            if found:
+                why, got = found if isinstance(found, tuple) else (found, None)
+                diagnosis = (_signature(name, n, got, rtol, atol)
+                             if got is not None and not compiled else None)
+                nudge = _diagnosed(name, hints, why, {**KERNEL_NUDGES, **(nudges or {})},
+                                   diagnosis)
                 return _report(Result(name, False, why + nudge), show)
     where = "in the interpreter and compiled on the GPU" if len(passes) > 1 else \
         "in the interpreter, every load and store in bounds"

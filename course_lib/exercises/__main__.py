@@ -2,8 +2,9 @@
 
 ``list``: one line per exercise and think-question: lesson, name, kind, what the student writes.
 ``verify``: every reference solution passes its checker, every registered wrong answer fails it
-with the message a student would see, every stub reads as "not done yet", every question has a
-worked answer (and its number passes its own check). Exit status 0 only when all of that holds.
+with the message a student would see, and that message diagnoses it (it names the mistake, or
+says what no other registered mistake's message says), every stub reads as "not done yet", every
+question has a worked answer (and its number passes its own check). Exit status 0 only when all of that holds.
 ``solution NAME``: the reference solution.
 """
 import argparse
@@ -46,7 +47,19 @@ def verify_one(ex) -> list[str]:
         elif m.expect and m.expect not in res.message:
             problems.append(f"{ex.name}: the wrong answer '{m.label}' fails, but its message "
                             f"lacks {m.expect!r}: {res.message}")
+        elif m.label not in res.message and not _distinct(m, ex.mistakes):
+            problems.append(f"{ex.name}: the wrong answer '{m.label}' is not diagnosed: its "
+                            f"message neither names it nor says what only it says: "
+                            f"{res.message}")
     return problems
+
+
+def _distinct(m, mistakes) -> bool:
+    """Whether ``m.expect`` is said by this mistake's message alone: no other mistake of the
+    exercise expects a text that contains it or that it contains."""
+    return bool(m.expect) and not any(o is not m and o.expect and
+                                      (m.expect in o.expect or o.expect in m.expect)
+                                      for o in mistakes)
 
 
 def verify(names=None, verbose: bool = True) -> int:

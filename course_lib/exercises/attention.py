@@ -181,9 +181,9 @@ ONE_PASS_HINTS = (
     "v_j[None, :] a row. Dividing by ℓ′ = 0 needs its own guard.",
 )
 ONE_PASS_NUDGES = {
-    "NaN": "a NaN where the expected value is a number: at a masked score (x = −∞) of a row's "
-           "first key, m and m′ are both −∞, and e^(−∞ − (−∞)) is NaN. Section 4 says what the "
-           "library does there.",
+    "NaN": "a NaN where the expected value is a number, in a row whose scores so far are all "
+           "masked (x = −∞): m and m′ are both −∞ there, and ℓ′ = 0. Section 4 says what the "
+           "library does with each.",
     "item 1": "o′ matches, m′ does not: the running max after this key is the larger of the "
               "old max and the new score.",
     "item 2": "o′ and m′ match, ℓ′ does not: the old ℓ was a sum against the old max; move it "
@@ -202,6 +202,15 @@ def _one_pass_unguarded(o, m, l, x, v_j):
     alpha, p = torch.exp(m - m_new), torch.exp(x - m_new)
     l_new = l * alpha + p
     o_new = o * (l * alpha / l_new)[:, None] + (p / l_new)[:, None] * v_j[None, :]
+    return o_new, m_new, l_new
+
+
+def _one_pass_no_l_guard(o, m, l, x, v_j):
+    m_new = torch.maximum(m, x)
+    shift = torch.where(m_new == float("-inf"), 0.0, m_new)  # the −∞ guard of section 4
+    alpha, p = torch.exp(m - shift), torch.exp(x - shift)
+    l_new = l * alpha + p
+    o_new = o * (l * alpha / l_new)[:, None] + (p / l_new)[:, None] * v_j[None, :]  # 0 / 0
     return o_new, m_new, l_new
 
 
@@ -236,7 +245,9 @@ register(Exercise(
               Mistake("ℓ′ = ℓ + e^(x − m′), the old ℓ not moved to the new max",
                       _one_pass_l_not_rescaled, "item 2"),
               Mistake("o kept unnormalised (v2's accumulator) while the spec wants o′",
-                      _one_pass_not_renormalised, "item 0")),
+                      _one_pass_not_renormalised, "item 0"),
+              Mistake("the −∞ guard, but o′ divided by ℓ′ = 0 in a row that has seen no key",
+                      _one_pass_no_l_guard, "NaN")),
     hints=ONE_PASS_HINTS))
 
 

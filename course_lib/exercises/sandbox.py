@@ -102,10 +102,11 @@ def _where(fn_name: str) -> str:
 
 
 @contextlib.contextmanager
-def guarded(tensors: dict, kernel, undefined=None):
+def guarded(tensors: dict, kernel, undefined=None, loads=None):
     """Check every load, store and atomic add of ``kernel`` against ``tensors`` ({name: tensor}).
     ``undefined``: the value a masked-off lane of a floating-point load without ``other=``
-    reads (None: the interpreter's 0).
+    reads (None: the interpreter's 0). ``loads``: a ``collections.Counter`` that counts the
+    loads of each program from each tensor, {(tensor name, program (x, y, z)): loads}.
 
     Raises ``OutOfBounds`` (wrapped by the interpreter in an ``InterpreterError``; ``run``
     unwraps it) at the first access outside all of them.
@@ -125,11 +126,13 @@ def guarded(tensors: dict, kernel, undefined=None):
         size = np.dtype(ti._get_np_dtype(ptrs.get_element_ty())).itemsize
         # One load or store reads one tensor: its lanes must all lie in the tensor that holds
         # most of them (a load that runs off x into the next allocation is still an error).
-        best = np.zeros(addrs.shape, dtype=bool)
-        for _, lo, hi, _ in ranges:
+        best, holder = np.zeros(addrs.shape, dtype=bool), None
+        for name, lo, hi, _ in ranges:
             inside = (addrs >= lo) & (addrs + size <= hi)
             if inside.sum() > best.sum():
-                best = inside
+                best, holder = inside, name
+        if loads is not None and kind == "tl.load":
+            loads[holder, tuple(builder.grid_idx)] += 1
         if best.all():
             return
         inside = best
@@ -231,9 +234,9 @@ def interpreter_compat():
 _MISSING = object()
 
 
-def run(kernel, grid, args: dict, tensors: dict, undefined=None):
+def run(kernel, grid, args: dict, tensors: dict, undefined=None, loads=None):
     """Launch ``kernel[grid](**args)`` in the interpreter under ``guarded(tensors, kernel,
-    undefined)``.
+    undefined, loads)``.
 
     Returns None, or the ``OutOfBounds`` message when the kernel left its tensors. Any other
     error propagates (the interpreter wraps the student's exceptions; ``describe`` reads them).
@@ -242,7 +245,7 @@ def run(kernel, grid, args: dict, tensors: dict, undefined=None):
     try:
         # A wrong kernel overflows or divides by zero; the checker says what came out, so
         # NumPy's RuntimeWarnings (red boxes in JupyterLab) would only add noise.
-        with interpreter_compat(), guarded(tensors, kernel, undefined), \
+        with interpreter_compat(), guarded(tensors, kernel, undefined, loads), \
                 np.errstate(all="ignore"), \
                 warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)

@@ -189,12 +189,20 @@ def _lse_cases():
     return [(rng.standard_normal(5),),                       # one row
             (rng.standard_normal((4, 9)),),                  # several rows
             (rng.standard_normal((2, 3, 6)) * 1000,),        # e^x overflows even in float64
-            (x,)]
+            (x,),
+            (rng.standard_normal((2, 5)) + [[800.0], [-800.0]],)]  # rows 1600 apart
+
+
+def _lse_global_max(x):
+    m = np.max(x)  # no axis: the largest entry of every row, and e^(x − m) underflows elsewhere
+    return m + np.log(np.sum(np.exp(x - m), axis=-1))
 
 
 def _describe_lse(args) -> str:
     (x,) = args
     what = "rows with −∞ entries, one fully masked" if np.isneginf(x).any() else \
+        "two rows 1600 apart (one near +800, one near −800)" if x.ndim == 2 and \
+        np.ptp(x.mean(-1)) > 1000 else \
         "logits of size 1000: e^x overflows" if np.abs(x).max() > 100 else "ordinary logits"
     return f"x of shape {x.shape}, {what}"
 
@@ -251,7 +259,9 @@ register(Exercise(
     mistakes=(Mistake("naive log Σ e^x", _lse_naive, "values differ"),
               Mistake("the kept axis left on the result", _lse_keepdims, "your output has shape"),
               Mistake("no guard for a fully masked row", _lse_unguarded, "NaN"),
-              Mistake("the maximum not added back", _lse_max_not_added_back, "values differ")),
+              Mistake("the maximum not added back", _lse_max_not_added_back, "values differ"),
+              Mistake("one max for the whole array, not one per row", _lse_global_max,
+                      "values differ")),
     hints=LSE_HINTS))
 
 

@@ -469,10 +469,41 @@ def _window_spec(q, k, v, window):
 def _window_cases():
     gen = torch.Generator().manual_seed(153)
     shapes = ((1, 16, 16, 16, (4, 0)), (2, 37, 50, 16, (7, 3)), (1, 50, 23, 16, (5, 0)),
-              (1, 45, 45, 32, (-1, 2)), (1, 33, 70, 16, (0, -1)))
+              (1, 45, 45, 32, (-1, 2)), (1, 33, 70, 16, (0, -1)),
+              (1, 32, 32, 16, (0, 1)),  # row 15 sees key 16: the first key of the next block
+              (1, 80, 80, 16, (3, 0)))  # a narrow band: most key blocks are skipped
     return [tuple(torch.randn(bh, n, d, generator=gen) * s
                   for n, s in ((n_q, 1.5), (n_k, 1.0), (n_k, 1.0))) + (window,)
             for bh, n_q, n_k, d, window in shapes]
+
+
+def _blocks_in_band(start_m, n_q, n_k, window) -> tuple[int, int, int]:
+    """The keys the rows start_m … start_m + BLOCK − 1 see, first and last, and the key blocks
+    of BLOCK keys from the one holding the first to the one holding the last (0 when the band
+    holds no key)."""
+    left, right = _unbounded(*window, n_q, n_k)
+    offset = n_k - n_q
+    first = max(start_m + offset - left, 0)
+    last = min(min(start_m + BLOCK, n_q) - 1 + offset + right, n_k - 1)
+    blocks = last // BLOCK - first // BLOCK + 1 if last >= first else 0
+    return first, last, blocks
+
+
+def _window_visits(case, loads) -> str | None:
+    """A program that loaded more key blocks of K than its rows' band spans: the loop did
+    not skip what the window leaves out (the outputs can still be right)."""
+    q, k, window = case[0], case[1], case[3]
+    n_q, n_k = q.shape[1], k.shape[1]
+    for (tensor, (pid_m, pid_bh, _)), n in sorted(loads.items()):
+        if tensor != "K":
+            continue
+        first, last, blocks = _blocks_in_band(pid_m * BLOCK, n_q, n_k, window)
+        if n > blocks:
+            band = f"keys {first} … {last}, in {blocks} blocks" if blocks else "no key"
+            return (f"the outputs are right, but program ({pid_m}, {pid_bh}) loaded {n} blocks "
+                    f"of K, and the rows of its block see {band}: the loop visits key blocks "
+                    f"outside the band, which a window kernel must skip")
+    return None
 
 
 def _describe_window(case):
@@ -502,10 +533,11 @@ WINDOW_NUDGES = {
 def check_window_kernel(kernel, show: bool = True) -> Result:
     """``kernel``: your ``@triton.jit`` sliding-window forward; against
     ``reference.attention_variants`` in float64: N_q ≠ N_k both ways, ragged blocks, one- and
-    two-sided windows, rows that see no key, O poisoned, every load and store checked."""
+    two-sided windows, rows that see no key, a band that ends one key into the next block, O
+    poisoned, every load and store checked, and no key block loaded outside a block's band."""
     return check_kernel("window_kernel", kernel, prepare_window, _window_spec, _window_cases(),
                         hints=WINDOW_HINTS, **TOL, show=show, describe=_describe_window,
-                        nudges=WINDOW_NUDGES)
+                        nudges=WINDOW_NUDGES, visits=_window_visits)
 
 
 register(Exercise(
@@ -531,6 +563,14 @@ register(Exercise(
             "values differ"),
         Mistake("no left edge in the mask (causal only)", kernel_variant(
             _window_solution, ("(offs_n[None, :] >= pos - LEFT) & ", "")), "values differ"),
+        Mistake("no key block skipped: lo = 0, hi = N_K", kernel_variant(
+            _window_solution,
+            ("(tl.maximum(start_m + offset - LEFT, 0) // BLOCK_N) * BLOCK_N", "0"),
+            ("tl.minimum(tl.minimum(start_m + BLOCK_M, N_Q) - 1 + offset + RIGHT + 1, N_K)",
+             "N_K")), "outside the band"),
+        Mistake("hi one short: the last row's last key left out", kernel_variant(
+            _window_solution, ("- 1 + offset + RIGHT + 1, N_K)", "- 1 + offset + RIGHT, N_K)")),
+            "values differ"),
     ),
     hints=WINDOW_HINTS))
 

@@ -392,19 +392,21 @@ def _diagnosed(name: str, hints, message: str, nudges, diagnosis: str | None) ->
     point elsewhere); else the nudge as ``_nudge`` picks it."""
     if not diagnosis:
         return _nudge(name, hints, message, nudges)
-    keyed = next((n for key, n in (nudges or {}).items() if key in message), None)
+    keyed = next((n for key, n in (nudges or {}).items()
+                  if key in message and not key.endswith(":")), None)  # not "which output"
     return diagnosis + (f"\n  Nudge: {keyed}" if keyed else "") + f" More: hint('{name}')."
 
 
 def check(name: str, student: Callable, spec: Callable, cases, hints=(),
           rtol: float = 1e-6, atol: float = 1e-9, show: bool = True, describe=None,
-          nudges=None, hint=None) -> Result:
+          nudges=None, hint=None, names=None) -> Result:
     """Run ``student(*args)`` and ``spec(*args)`` on every case and compare.
 
     ``cases`` is a list of argument tuples (seeded by the caller, so failures reproduce);
     ``describe(args)`` names a case in words (default: shapes and values). ``hints``: the
     ladder (a str is one rung); a wrong attempt gets the first, or the entry of ``nudges``
-    ({text in the failure message: nudge}) that matches what went wrong.
+    ({text in the failure message: nudge}) that matches what went wrong. ``names``: the names
+    of a tuple's outputs, which a failure then starts with ("m′: 1 of 4 values differ ...").
     """
     hints = (hints,) if isinstance(hints, str) else tuple(hints)
     if hint is not None:  # a single rung, the older spelling
@@ -435,6 +437,9 @@ def check(name: str, student: Callable, spec: Callable, cases, hints=(),
             raise _Probed(got)
         want = spec(*args)
         why = _compare(_as_array(got), _as_array(want), rtol, atol)
+        if why and names and why.startswith("item "):
+            i = int(why.split(":")[0].split()[1])
+            why = f"{names[i]}:{why.split(':', 1)[1]}"
         if why:
             why = f"case {n} ({label}): {why}"
             nudge = _diagnosed(name, hints, why, nudges, _signature(name, n, got, rtol, atol))

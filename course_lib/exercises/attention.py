@@ -166,7 +166,7 @@ def _describe_one_pass(case) -> str:
     masked = int(torch.isinf(x).sum())
     first = int(torch.isinf(m).sum())
     return (f"{o.shape[0]} rows, d = {o.shape[1]}, {first} at their first key, "
-            f"{masked} scores masked (−∞); outputs (o, m, l)")
+            f"{masked} scores masked (−∞); outputs (o′, m′, ℓ′)")
 
 
 ONE_PASS_HINTS = (
@@ -184,9 +184,9 @@ ONE_PASS_NUDGES = {
     "NaN": "a NaN where the expected value is a number, in a row whose scores so far are all "
            "masked (x = −∞): m and m′ are both −∞ there, and ℓ′ = 0. Section 4 says what the "
            "library does with each.",
-    "item 1": "o′ matches, m′ does not: the running max after this key is the larger of the "
+    "m′:": "o′ matches, m′ does not: the running max after this key is the larger of the "
               "old max and the new score.",
-    "item 2": "o′ and m′ match, ℓ′ does not: the old ℓ was a sum against the old max; move it "
+    "ℓ′:": "o′ and m′ match, ℓ′ does not: the old ℓ was a sum against the old max; move it "
               "to the new max before adding the new key's term.",
 }
 
@@ -194,7 +194,7 @@ ONE_PASS_NUDGES = {
 def check_one_pass_step(student, show: bool = True) -> Result:
     return check("one_pass_step", student, one_pass_step_solution, _one_pass_cases(),
                  hints=ONE_PASS_HINTS, nudges=ONE_PASS_NUDGES, rtol=1e-9, atol=1e-12,
-                 show=show, describe=_describe_one_pass)
+                 show=show, describe=_describe_one_pass, names=("o′", "m′", "ℓ′"))
 
 
 def _one_pass_unguarded(o, m, l, x, v_j):
@@ -241,11 +241,11 @@ register(Exercise(
     mistakes=(Mistake("no guard: e^(−∞ − (−∞)) at a masked first key", _one_pass_unguarded,
                       "NaN"),
               Mistake("the old o rescaled by ℓ/ℓ′, its factor e^(m − m′) forgotten",
-                      _one_pass_no_alpha_on_o, "item 0"),
+                      _one_pass_no_alpha_on_o, "o′:"),
               Mistake("ℓ′ = ℓ + e^(x − m′), the old ℓ not moved to the new max",
-                      _one_pass_l_not_rescaled, "item 2"),
+                      _one_pass_l_not_rescaled, "ℓ′:"),
               Mistake("o kept unnormalised (v2's accumulator) while the spec wants o′",
-                      _one_pass_not_renormalised, "item 0"),
+                      _one_pass_not_renormalised, "o′:"),
               Mistake("the −∞ guard, but o′ divided by ℓ′ = 0 in a row that has seen no key",
                       _one_pass_no_l_guard, "NaN")),
     hints=ONE_PASS_HINTS))
@@ -316,16 +316,16 @@ RESCALE_HINTS = (
 
 
 RESCALE_NUDGES = {
-    "item 1": "O_i matches, ℓ does not: l̃ sums exponentials against the block's own max, "
+    "ℓ_i:": "O_i matches, ℓ does not: l̃ sums exponentials against the block's own max, "
               "and the new ℓ adds ℓ_i and l̃, each moved to the new max by its own factor.",
-    "item 2": "O_i and ℓ match, m does not: the new m is the larger of m_i and the block's max.",
+    "m_i:": "O_i and ℓ match, m does not: the new m is the larger of m_i and the block's max.",
 }
 
 
 def check_rescale_update(student, show: bool = True) -> Result:
     return check("rescale_update", student, rescale_update_solution, _rescale_cases(),
                  hints=RESCALE_HINTS, nudges=RESCALE_NUDGES, rtol=1e-9, atol=1e-12, show=show,
-                 describe=_describe_rescale)
+                 describe=_describe_rescale, names=("O_i", "ℓ_i", "m_i"))
 
 
 def _rescale_parts(O_i, l_i, m_i, S_ij, V_j, subtract_block_max=True):
@@ -366,8 +366,8 @@ register(Exercise(
     name="rescale_update", lesson="06_flash_v1_algorithm", kind="python",
     writes="one (j, i) step of Algorithm 1: m̃, P̃, l̃, the new m, ℓ and O_i", lines=7,
     check=check_rescale_update, solution=rescale_update_solution, stub=rescale_update,
-    mistakes=(Mistake("the old O_i without e^(m_i − m_new)", _rescale_no_alpha, "item 0"),
-              Mistake("P̃V_j without e^(m̃ − m_new)", _rescale_no_beta, "item 0"),
+    mistakes=(Mistake("the old O_i without e^(m_i − m_new)", _rescale_no_alpha, "O_i:"),
+              Mistake("P̃V_j without e^(m̃ − m_new)", _rescale_no_beta, "O_i:"),
               Mistake("P̃ = exp(S_ij), the block max not subtracted", _rescale_unshifted_exp,
                       "values differ"),
               Mistake("ℓ_new = ℓ_i + l̃, the sums not moved to the new max", _rescale_plain_sum,

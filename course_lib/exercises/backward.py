@@ -276,7 +276,8 @@ def check_dkdv(kernel, show: bool = True) -> Result:
     float64: N_q ≠ N_k, ragged blocks, causal rows that see no key, dK and dV poisoned."""
     return check_kernel("dkdv_kernel", kernel, prepare_dkdv, _dkdv_autograd, _dkdv_cases(),
                         hints=DKDV_HINTS, **TOL, show=show,
-                        describe=_describe_heads, nudges={"item 1": DKDV_HINTS[1]})
+                        describe=_describe_heads, nudges={"dV:": DKDV_HINTS[1]},
+                        names=("dK", "dV"))
 
 
 register(Exercise(
@@ -287,14 +288,14 @@ register(Exercise(
         Mistake("P from exp with the base-2 lse", kernel_variant(
             _dkdv_solution, ("p = tl.math.exp2(", "p = tl.exp(")), "values differ"),
         Mistake("dV = P dO (a swapped transpose)", kernel_variant(
-            _dkdv_solution, ("tl.dot(tl.trans(p), do)", "tl.dot(p, do)")), "item 1"),
+            _dkdv_solution, ("tl.dot(tl.trans(p), do)", "tl.dot(p, do)")), "dV:"),
         Mistake("dK = dS Q (a swapped transpose)", kernel_variant(
-            _dkdv_solution, ("tl.dot(tl.trans(ds), q)", "tl.dot(ds, q)")), "item 0"),
+            _dkdv_solution, ("tl.dot(tl.trans(ds), q)", "tl.dot(ds, q)")), "dK:"),
         Mistake("dS without delta", kernel_variant(
-            _dkdv_solution, ("p * (dp - delta[:, None])", "p * dp")), "item 0"),
+            _dkdv_solution, ("p * (dp - delta[:, None])", "p * dp")), "dK:"),
         Mistake("dK without sm_scale", kernel_variant(
             _dkdv_solution, ("tl.dot(tl.trans(ds), q) * sm_scale", "tl.dot(tl.trans(ds), q)")),
-            "item 0"),
+            "dK:"),
     ),
     hints=DKDV_HINTS))
 
@@ -405,7 +406,8 @@ def check_one_pass(kernel, show: bool = True) -> Result:
     return check_kernel("one_pass_kernel", kernel, prepare_one_pass, _grads_by_autograd,
                         _dkdv_cases(), hints=ONE_PASS_HINTS, **TOL, show=show,
                         describe=_describe_heads,
-                        nudges={"item 0": ONE_PASS_HINTS[0], "tl.atomic_add": ONE_PASS_HINTS[2]})
+                        nudges={"dQ:": ONE_PASS_HINTS[0], "tl.atomic_add": ONE_PASS_HINTS[2]},
+                        names=("dQ", "dK", "dV"))
 
 
 register(Exercise(
@@ -418,13 +420,13 @@ register(Exercise(
         Mistake("a store instead of an atomic add: the last key block wins", kernel_variant(
             _one_pass_solution, ("tl.atomic_add(DQ + rows, dq, mask=offs_m[:, None] < N_Q)",
                                  "tl.store(DQ + rows, dq, mask=offs_m[:, None] < N_Q)")),
-            "item 0"),
+            "dQ:"),
         Mistake("dQ without sm_scale", kernel_variant(
             _one_pass_solution, ("dq = tl.dot(ds, k) * sm_scale", "dq = tl.dot(ds, k)")),
-            "item 0"),
+            "dQ:"),
         Mistake("dQ from dSᵀ (a transpose too many)", kernel_variant(
             _one_pass_solution, ("dq = tl.dot(ds, k) * sm_scale",
-                                 "dq = tl.dot(tl.trans(ds), k) * sm_scale")), "item 0"),
+                                 "dq = tl.dot(tl.trans(ds), k) * sm_scale")), "dQ:"),
         Mistake("no mask on the atomic add: rows past N_q", kernel_variant(
             _one_pass_solution, ("tl.atomic_add(DQ + rows, dq, mask=offs_m[:, None] < N_Q)",
                                  "tl.atomic_add(DQ + rows, dq)")), "tl.atomic_add"),
@@ -506,7 +508,8 @@ def check_attention_backward(student, show: bool = True) -> Result:
     return check("attention_backward", student, _autograd_backward, _backward_cases(),
                  hints=BACKWARD_HINTS, rtol=1e-9, atol=1e-12, show=show,
                  describe=lambda c: f"N_q = {c[0].shape[0]}, N_k = {c[1].shape[0]}, "
-                                    f"d = {c[0].shape[1]}, sm_scale = {c[4]:.3g}")
+                                    f"d = {c[0].shape[1]}, sm_scale = {c[4]:.3g}",
+                 names=("dQ", "dK", "dV"))
 
 
 register(Exercise(
@@ -515,8 +518,8 @@ register(Exercise(
     check=check_attention_backward, solution=attention_backward_solution,
     stub=attention_backward,
     mistakes=(Mistake("delta without keepdim", _backward_no_keepdim, "case"),
-              Mistake("no sm_scale in dQ and dK", _backward_no_scale, "item 0"),
-              Mistake("dS without delta", _backward_no_delta, "item 0")),
+              Mistake("no sm_scale in dQ and dK", _backward_no_scale, "dQ:"),
+              Mistake("dS without delta", _backward_no_delta, "dQ:")),
     hints=BACKWARD_HINTS))
 
 

@@ -616,7 +616,8 @@ def check_block_kinds(student, show: bool = True) -> Result:
              (896, 1000, 1000, 128, 64), (0, 20, 37, 16, 16), (16, 41, 40, 16, 16)]
     return check("block_kinds", _codes(student), spec, cases, hints=KINDS_HINTS, rtol=0,
                  atol=0, show=show, describe=lambda c: "start_m={}, N_q={}, N_k={}, "
-                 "BLOCK_M={}, BLOCK_N={}".format(*c))
+                 "BLOCK_M={}, BLOCK_N={}; kinds as codes: {}".format(
+                     *c, ", ".join(f"{i} {k}" for i, k in enumerate(KINDS))))
 
 
 register(Exercise(
@@ -756,18 +757,18 @@ def check_two_numbers(student, show: bool = True) -> Result:
     cases = [(64, 128), (128, 128), (128, 64), (256, 64), (32, 32)]
     return check("two_numbers", student, spec, cases, hints=TWO_NUMBERS_HINTS, rtol=1e-6,
                  atol=0, show=show, describe=lambda c: "D={}, BLOCK_N={}".format(*c),
-                 nudges={"item 1": TWO_NUMBERS_HINTS[1]})
+                 nudges={"softmax_ps:": TWO_NUMBERS_HINTS[1]}, names=("mma_ps", "softmax_ps"))
 
 
 register(Exercise(
     name="two_numbers", lesson="09_hopper", kind="python",
     writes="MMA and softmax picoseconds per score element on an H100", lines=6,
     check=check_two_numbers, solution=two_numbers_solution, stub=two_numbers,
-    mistakes=(Mistake("exp2 at the FP32 rate", _two_numbers_mufu_at_fp32_rate, "item 1"),
+    mistakes=(Mistake("exp2 at the FP32 rate", _two_numbers_mufu_at_fp32_rate, "softmax_ps:"),
               Mistake("FP32 FLOPs taken as instructions", _two_numbers_flops_as_instructions,
-                      "item 1"),
-              Mistake("2·D FLOPs per score", _two_numbers_2d_flops, "item 0"),
-              Mistake("seconds, not picoseconds", _two_numbers_seconds, "item 0")),
+                      "softmax_ps:"),
+              Mistake("2·D FLOPs per score", _two_numbers_2d_flops, "mma_ps:"),
+              Mistake("seconds, not picoseconds", _two_numbers_seconds, "mma_ps:")),
     hints=TWO_NUMBERS_HINTS))
 
 

@@ -762,7 +762,7 @@ def _describe_grouped(c) -> str:
 
 
 def check_grouped_order(kernel, show: bool = True) -> Result:
-    """``kernel``: your grouped-order kernel; item 0 of a failure is pid_m, item 1 is pid_n."""
+    """``kernel``: your grouped-order kernel; a failure names pid_m or pid_n."""
     cases = [(m, n, g, torch.empty(0)) for m, n, g in
              ((4, 3, 2), (7, 6, 3), (5, 4, 8), (3, 5, 1), (2, 9, 4))]
     return check_kernel("grouped_order", kernel, prepare_grouped, _grouped_spec, cases,
@@ -770,8 +770,9 @@ def check_grouped_order(kernel, show: bool = True) -> Result:
                         describe=_describe_grouped,
                         nudges={"the last band has": "in this case the last band is short: "
                                                      + GROUPED_HINTS[1],
-                                "item 0": "pid_m (item 0) is off: " + GROUPED_HINTS[2],
-                                "item 1": "pid_n (item 1) is off: " + GROUPED_HINTS[2]})
+                                "pid_m:": "pid_m is off: " + GROUPED_HINTS[2],
+                                "pid_n:": "pid_n is off: " + GROUPED_HINTS[2]},
+                        names=("pid_m", "pid_n"))
 
 
 register(Exercise(

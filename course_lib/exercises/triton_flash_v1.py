@@ -216,12 +216,12 @@ KERNEL_HINTS = (
     "O_i, and O_i is divided by the new sum at the end (it stays normalised).",
 )
 KERNEL_NUDGES = {
-    "item 0": "O is off: check the O_i line first: each of its two terms is scaled to the new "
+    " O:": "O is off: check the O_i line first: each of its two terms is scaled to the new "
               "max, and the sum is divided by l_new.",
-    "item 1": "O matches here, l does not: the l stored with m must be the sum of e^(S − m). "
+    " l:": "O matches here, l does not: the l stored with m must be the sum of e^(S − m). "
               "Check P̃ (is the block max subtracted?) and l_new (is each sum moved to the new "
               "max?).",
-    "item 2": "m is off: the running max is the larger of the old m_i and this block's m̃.",
+    " m:": "m is off: the running max is the larger of the old m_i and this block's m̃.",
 }
 
 
@@ -231,7 +231,7 @@ def check_flash_v1_kernel(kernel, show: bool = True) -> Result:
     tol = 1e-5 if DEVICE != "cuda" else 2e-2
     return check_kernel("flash_v1_kernel", kernel, prepare_flash_v1, _spec, _cases(),
                         hints=KERNEL_HINTS, rtol=tol, atol=tol, show=show, describe=_describe,
-                        nudges=KERNEL_NUDGES)
+                        nudges=KERNEL_NUDGES, names=("O", "l", "m"))
 
 
 register(Exercise(
@@ -242,7 +242,7 @@ register(Exercise(
     mistakes=(Mistake("O_i without this block's factor e^(m̃ − m_new)", _flash_v1_no_beta,
                       "values differ"),
               Mistake("the old O_i without its factor e^(m_i − m_new)", _flash_v1_no_alpha,
-                      "item 0"),
+                      "O:"),
               Mistake("no −∞ on the padded keys of the last K/V block", _flash_v1_padded_keys,
                       "values differ"),
               Mistake("P̃ = exp(S_ij), the block max not subtracted", _flash_v1_unshifted_exp,

@@ -142,15 +142,15 @@ RANGE_HINTS = (
     "hi ≤ lo no row sees a key: return (0, 0, 0, 0).",
 )
 
-RANGE_NUDGES = {  # the item of the tuple that differs first
-    "item 0": "item 0 is lo, the first key that some row of the block sees. Which row reaches "
-              "furthest left, and where does that row sit among the keys?",
-    "item 1": "item 1 is full_lo: from there on every row of the block sees the keys (up to "
-              "full_hi). Which row's window starts last?",
-    "item 2": "item 2 is full_hi, one past the last key that every row of the block sees. "
-              "Which row's window ends first?",
-    "item 3": "item 3 is hi, one past the last key that some row of the block sees. Which row "
-              "reaches furthest right, and where does that row sit among the keys?",
+RANGE_NUDGES = {  # the output of the tuple that differs first
+    " lo:": "lo is the first key that some row of the block sees. Which row reaches "
+           "furthest left, and where does that row sit among the keys?",
+    " full_lo:": "full_lo: from there on every row of the block sees the keys (up to "
+                "full_hi). Which row's window starts last?",
+    " full_hi:": "full_hi is one past the last key that every row of the block sees. "
+                "Which row's window ends first?",
+    " hi:": "hi is one past the last key that some row of the block sees. Which row "
+           "reaches furthest right, and where does that row sit among the keys?",
 }
 
 
@@ -166,7 +166,7 @@ def check_window_key_range(student, show: bool = True) -> Result:
                  describe=lambda c: "rows {}..{}, N_q={}, N_k={}, window={}".format(
                      c[0], c[1] - 1, *c[2:]),
                  nudges={"TypeError": "return a tuple of four ints: (lo, full_lo, full_hi, hi).",
-                         **RANGE_NUDGES})
+                         **RANGE_NUDGES}, names=("lo", "full_lo", "full_hi", "hi"))
 
 
 register(Exercise(

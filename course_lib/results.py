@@ -1214,8 +1214,24 @@ def readme_measured(f: dict | None = None) -> str:
              "| what | measured on | harness (both sides) | result |", "|---|---|---|---|"]
     lines += [f"| {what} | {run} | {how} | {res} |" for what, run, how, res in rows]
     lines += ["", "The decode rows' KV bandwidth is set against a device-to-device copy timed in "
-              f"the same run ({t('copy_gbs_decode')}, read + write).", "", END]
+              f"the same run ({t('copy_gbs_decode')}, read + write).", "", gpu_check_line(),
+              "", END]
     return "\n".join(lines)
+
+
+def gpu_check_line() -> str:
+    """One sentence from ``course_lib/data/gpu_check.json``: the last ``./course gpu-check``,
+    where, on which commit, and what passed."""
+    record = json.loads((DATA / "gpu_check.json").read_text())
+    env = record["environment"]
+    parts = "; ".join(
+        f"{name} {p['passed']} passed, {p['failed']} failed"
+        + (f", {p['skipped']} skipped" if p.get("skipped") else "")
+        + (" (stopped by the time limit)" if p.get("timed_out") else "")
+        for name, p in record["parts"].items() if name != "bench")
+    return (f"The last `./course gpu-check` (`course_lib/data/gpu_check.json`): {env['gpu']}, "
+            f"torch {env['torch']}, triton {env['triton']}, commit {env['commit'][:7]}, "
+            f"{env['date']}: {parts}; {record['wall_s']:.0f} s in all.")
 
 
 def readme_problems(text: str | None = None) -> list[str]:

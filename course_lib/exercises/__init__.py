@@ -349,7 +349,7 @@ def _touched(oob: str) -> str:
     numbers are not a mistake's): "tl.load of 208 lanes"."""
     import re
 
-    op = re.match(r"(tl\.\w+)", oob)
+    op = re.search(r"(tl\.\w+) out of bounds", oob)
     lanes = re.search(r"\d+ of (\d+) addresses", oob)
     if not (op and lanes):
         return oob
@@ -426,8 +426,12 @@ def check(name: str, student: Callable, spec: Callable, cases, hints=(),
         except NotImplementedError:
             return _report(Result(name, False, TODO, "todo"), show)
         except Exception as exc:  # a student's bug is a message, not a crash
+            raised = ("event", f"{type(exc).__name__}: {_touched(str(exc))}")
+            if probe is not None:
+                raise _Probed(raised) from None
             why = f"case {n} ({label}) raised {type(exc).__name__}: {exc}"
-            return _report(Result(name, False, why + _nudge(name, hints, why, nudges)), show)
+            return _report(Result(name, False, why + _diagnosed(
+                name, hints, why, nudges, _signature(name, n, raised, rtol, atol))), show)
         if got is None:
             if n == 0:
                 return _report(Result(name, False, TODO + " (it returns None)", "todo"), show)

@@ -161,14 +161,14 @@ def dkdv_kernel(Q, K, V, DO, LSE2, Delta, DK, DV, sm_scale, N_Q, N_K, CAUSAL: tl
     for start_m in range(0, N_Q, BLOCK_M):  # the Q and dO blocks stream past
         offs_m = start_m + tl.arange(0, BLOCK_M)
         rows = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-        q = tl.load(Q + rows, mask=offs_m[:, None] < N_Q, other=0.0)  # (BLOCK_M, HEAD_DIM)
-        do = tl.load(DO + rows, mask=offs_m[:, None] < N_Q, other=0.0)  # (BLOCK_M, HEAD_DIM)
-        lse2 = tl.load(LSE2 + offs_m, mask=offs_m < N_Q, other=float("inf"))  # (BLOCK_M,)
-        delta = tl.load(Delta + offs_m, mask=offs_m < N_Q, other=0.0)  # (BLOCK_M,)
-        qk = tl.dot(q, tl.trans(k))  # raw scores q·kᵀ, (BLOCK_M, BLOCK_N)
+        q = ...  # TODO: the (BLOCK_M, HEAD_DIM) tile of Q at rows offs_m; rows past N_Q as 0
+        do = ...  # TODO: the same tile of dO
+        lse2 = ...  # TODO: (BLOCK_M,) the saved lse2 of these rows: P must be 0 past N_Q
+        delta = ...  # TODO: (BLOCK_M,) delta of these rows
+        qk = ...  # TODO: the raw scores q·kᵀ, (BLOCK_M, BLOCK_N)
         p = ...  # TODO: P of this block, recomputed from qk and the saved lse2
         if CAUSAL:  # bottom-right: query i sees key j iff j <= i + N_K - N_Q
-            p = tl.where(offs_n[None, :] <= offs_m[:, None] + N_K - N_Q, p, 0.0)
+            p = ...  # TODO: P with the keys row i does not see set to 0
         dv = ...  # TODO: dv plus this block's Pᵀ dO
         dp = ...  # TODO: dO Vᵀ, (BLOCK_M, BLOCK_N)
         ds = ...  # TODO: P ∘ (dP − delta)
@@ -282,7 +282,8 @@ def check_dkdv(kernel, show: bool = True) -> Result:
 
 register(Exercise(
     name="dkdv_kernel", lesson="10_backward", kind="triton",
-    writes="the dK/dV loop: P from the saved lse, then dV, dP, dS, dK", lines=5,
+    writes="the dK/dV loop body: the Q and dO tiles, lse2 and delta, P from the saved lse, "
+           "the causal mask, then dV, dP, dS, dK", lines=11,
     check=check_dkdv, solution=_dkdv_solution, stub=dkdv_kernel, extra=(prepare_dkdv,),
     mistakes=(
         Mistake("P from exp with the base-2 lse", kernel_variant(
@@ -296,6 +297,12 @@ register(Exercise(
         Mistake("dK without sm_scale", kernel_variant(
             _dkdv_solution, ("tl.dot(tl.trans(ds), q) * sm_scale", "tl.dot(tl.trans(ds), q)")),
             "dK:"),
+        Mistake("the Q load without its mask", kernel_variant(
+            _dkdv_solution, ("q = tl.load(Q + rows, mask=offs_m[:, None] < N_Q, other=0.0)",
+                             "q = tl.load(Q + rows)")), "tl.load out of bounds"),
+        Mistake("the causal mask from the top-left corner (j <= i)", kernel_variant(
+            _dkdv_solution, ("offs_n[None, :] <= offs_m[:, None] + N_K - N_Q",
+                             "offs_n[None, :] <= offs_m[:, None]")), "values differ"),
     ),
     hints=DKDV_HINTS))
 
@@ -327,13 +334,13 @@ def one_pass_kernel(Q, K, V, DO, LSE2, Delta, DQ, DK, DV, sm_scale, N_Q, N_K,
     for start_m in range(0, N_Q, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         rows = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-        q = tl.load(Q + rows, mask=offs_m[:, None] < N_Q, other=0.0)  # (BLOCK_M, HEAD_DIM)
-        do = tl.load(DO + rows, mask=offs_m[:, None] < N_Q, other=0.0)  # (BLOCK_M, HEAD_DIM)
-        lse2 = tl.load(LSE2 + offs_m, mask=offs_m < N_Q, other=float("inf"))  # (BLOCK_M,)
-        delta = tl.load(Delta + offs_m, mask=offs_m < N_Q, other=0.0)  # (BLOCK_M,)
-        p = ...  # TODO: your exercise 2 lines: P of this block from lse2
+        q = ...  # TODO: your exercise 2 lines: the tiles of Q and dO, lse2 and delta
+        do = ...  # TODO
+        lse2 = ...  # TODO
+        delta = ...  # TODO
+        p = ...  # TODO: as in exercise 2: P of this block from lse2
         if CAUSAL:
-            p = tl.where(offs_n[None, :] <= offs_m[:, None] + N_K - N_Q, p, 0.0)
+            p = ...  # TODO: as in exercise 2
         dv = ...  # TODO: as in exercise 2
         ds = ...  # TODO: as in exercise 2 (dP first, then P ∘ (dP − delta))
         dk = ...  # TODO: as in exercise 2
@@ -414,7 +421,7 @@ register(Exercise(
     name="one_pass_kernel", lesson="10_backward", kind="triton",
     writes="the dK/dV loop body of exercise 2 again, plus dQ: this key block's share, τ dS K, "
            "added with atomic adds",
-    lines=7, check=check_one_pass, solution=_one_pass_solution, stub=one_pass_kernel,
+    lines=12, check=check_one_pass, solution=_one_pass_solution, stub=one_pass_kernel,
     extra=(prepare_one_pass,),
     mistakes=(
         Mistake("a store instead of an atomic add: the last key block wins", kernel_variant(

@@ -790,3 +790,197 @@ register(Exercise(
               Mistake("across the band first, not down", _grouped_across_first,
                       "values differ")),
     hints=GROUPED_HINTS))
+
+
+# ==============================================================================================
+# Lesson 03: the launch of a strided matmul: the grid, the output, every tensor's strides
+# ==============================================================================================
+
+# --- what the notebook shows -------------------------------------------------------------------
+@triton.jit
+def strided_matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
+                          stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # A[i, k] lives at a_ptr + i * stride_am + k * stride_ak: any layout, a view included
+    pid_m = tl.program_id(axis=0)
+    pid_n = tl.program_id(axis=1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(a_ptrs, mask=(offs_m[:, None] < M) & (k0 + offs_k[None, :] < K), other=0.0)
+        b = tl.load(b_ptrs, mask=(k0 + offs_k[:, None] < K) & (offs_n[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def launch_matmul(kernel, a, b):
+    # TODO: C (M, N) in float32 on a's device; a grid of 16 × 16 tiles; one launch of kernel
+    # with every tensor's two strides; BLOCK_M = BLOCK_N = BLOCK_K = 16; return C
+    raise NotImplementedError
+
+
+# --- the reference and the mistakes ------------------------------------------------------------
+def _launch_matmul_solution(kernel, a, b):
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty(M, N, dtype=torch.float32, device=a.device)
+    grid = (triton.cdiv(M, 16), triton.cdiv(N, 16))
+    kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                 c.stride(0), c.stride(1), BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+    return c
+
+
+def _launch_row_major(kernel, a, b):
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty(M, N, dtype=torch.float32, device=a.device)
+    grid = (triton.cdiv(M, 16), triton.cdiv(N, 16))
+    kernel[grid](a, b, c, M, N, K, K, 1, N, 1, N, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+    return c
+
+
+def _launch_floor(kernel, a, b):
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty(M, N, dtype=torch.float32, device=a.device)
+    grid = (M // 16, N // 16)
+    kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                 c.stride(0), c.stride(1), BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+    return c
+
+
+def _launch_b_strides_swapped(kernel, a, b):
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty(M, N, dtype=torch.float32, device=a.device)
+    grid = (triton.cdiv(M, 16), triton.cdiv(N, 16))
+    kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(1), b.stride(0),
+                 c.stride(0), c.stride(1), BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+    return c
+
+
+def _launch_contiguous_copy_lost(kernel, a, b):
+    """.contiguous() on B, but the strides still read from the view."""
+    M, K = a.shape
+    N = b.shape[1]
+    c = torch.empty(M, N, dtype=torch.float32, device=a.device)
+    grid = (triton.cdiv(M, 16), triton.cdiv(N, 16))
+    kernel[grid](a, b.contiguous(), c, M, N, K, a.stride(0), a.stride(1), b.stride(0),
+                 b.stride(1), c.stride(0), c.stride(1), BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+    return c
+
+
+def _launch_cases():
+    """A and B row-major; B a transposed view of an (N, K) tensor; A the columns 2 … K + 1 of
+    a wider matrix and B transposed."""
+    gen = torch.Generator().manual_seed(3)
+    a1, b1 = torch.randn(37, 29, generator=gen), torch.randn(29, 45, generator=gen)
+    a2, b2 = torch.randn(20, 40, generator=gen), torch.randn(33, 40, generator=gen).T
+    a3 = torch.randn(18, 50, generator=gen)[:, 2:35]
+    b3 = torch.randn(30, 33, generator=gen).T
+    return [(a1.half(), b1.half()), (a2.half(), b2.half()), (a3.half(), b3.half())]
+
+
+def _describe_launch(case) -> str:
+    a, b = case
+
+    def layout(t):
+        if t.is_contiguous():
+            return "row-major"
+        if t.T.is_contiguous():
+            return "a transposed view (strides " + str(t.stride()) + ")"
+        return f"a slice of a wider matrix (strides {t.stride()})"
+
+    return (f"A {tuple(a.shape)} {layout(a)}, B {tuple(b.shape)} {layout(b)}")
+
+
+class _Launches:
+    """Stands in for ``strided_matmul_kernel``: ``kernel[grid](...)`` runs the kernel in the
+    interpreter with every load and store checked, C poisoned first; a launch that does not
+    fit the kernel is an error that says why."""
+
+    def __init__(self):
+        import inspect
+
+        from course_lib.exercises import sandbox
+        self.sandbox = sandbox
+        self.signature = inspect.signature(sandbox.python_function(strided_matmul_kernel))
+        self.count = 0
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            try:
+                bound = self.signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise TypeError(f"the kernel takes ({', '.join(self.signature.parameters)}): "
+                                f"{exc}") from None
+            g = (grid,) if isinstance(grid, int) else tuple(grid)
+            if not g or not all(isinstance(d, int) and d >= 0 for d in g):
+                raise ValueError(f"the grid must be a tuple of ints ≥ 0, got {grid!r}")
+            self.count += 1
+            named = dict(bound.arguments)
+            tensors = {n: t for n, t in named.items() if isinstance(t, torch.Tensor)}
+            if isinstance(named.get("c_ptr"), torch.Tensor):
+                named["c_ptr"].fill_(float("nan"))  # an element never written shows as NaN
+            oob = self.sandbox.run(strided_matmul_kernel, g, named, tensors)
+            if oob:
+                raise IndexError(oob)
+        return launch
+
+
+def check_launch_matmul(student, show: bool = True) -> Result:
+    """``student(kernel, a, b) -> C``: your launch of ``strided_matmul_kernel``; C = A·B in
+    float32 for row-major A and B, B a transposed view, A a slice of a wider matrix."""
+    def run(a, b):
+        kernel = _Launches()
+        c = student(kernel, a, b)
+        if c is not None and kernel.count != 1:
+            raise ValueError(f"your function launched the kernel {kernel.count} times; it "
+                             "should launch it once: kernel[grid](...)")
+        return c
+
+    return check("launch_matmul", run, lambda a, b: a.double() @ b.double(), _launch_cases(),
+                 hints=LAUNCH_HINTS, rtol=1e-3, atol=1e-3, show=show,
+                 describe=_describe_launch, nudges=LAUNCH_NUDGES)
+
+
+LAUNCH_HINTS = (
+    "the kernel's programs are (pid_m, pid_n): the grid is a pair, the number of 16-row tiles "
+    "of C, then the number of 16-column tiles, each rounded up (triton.cdiv).",
+    "pass the arguments in the kernel's order: the three tensors, M, N, K, then two strides "
+    "for each tensor, read from it with .stride(0) and .stride(1), then the three blocks as "
+    "keywords.",
+    "a view shares its storage: B = x.T has the strides of x swapped, (1, K), and the kernel "
+    "reads it in place through them. Never assume (N, 1).",
+)
+LAUNCH_NUDGES = {
+    "the kernel takes": "count the arguments against the kernel's parameters, in order.",
+    "NaN": "some of C was never written: does the grid cover the last, partial tile of rows "
+           "and of columns?",
+    "a transposed view": "here B is a transposed view: its strides are not (N, 1). Read them "
+                         "from the tensor.",
+    "tl.load out of bounds": "the kernel read outside a tensor: are the strides each tensor's "
+                             "own, in the kernel's order (the row stride, then the column "
+                             "stride)?",
+}
+
+
+register(Exercise(
+    name="launch_matmul", lesson="03_tiled_matmul", kind="python",
+    writes="the host side: C, the grid from triton.cdiv, one launch with every tensor's strides",
+    lines=5, check=check_launch_matmul, solution=_launch_matmul_solution, stub=launch_matmul,
+    mistakes=(Mistake("strides assumed row-major: (K, 1), (N, 1), (N, 1)", _launch_row_major,
+                      "a transposed view"),
+              Mistake("the grid rounded down", _launch_floor, "NaN"),
+              Mistake("B's two strides swapped", _launch_b_strides_swapped,
+                      "tl.load out of bounds"),
+              Mistake("B made contiguous, its strides still read from the view",
+                      _launch_contiguous_copy_lost, "values differ")),
+    hints=LAUNCH_HINTS))

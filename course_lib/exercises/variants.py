@@ -379,20 +379,18 @@ def window_kernel(Q, K, V, O, sm_scale, N_Q, N_K, LEFT, RIGHT, HEAD_DIM: tl.cons
     hi = ...  # TODO: one past the last key some row of this block sees (never past N_K)
     for start_n in range(lo, hi, BLOCK_N):  # key blocks outside [lo, hi) are skipped
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kT = tl.load(K + offs_n[None, :] * HEAD_DIM + offs_d[:, None],
-                     mask=offs_n[None, :] < N_K, other=0.0)  # (HEAD_DIM, BLOCK_N)
-        v = tl.load(V + offs_n[:, None] * HEAD_DIM + offs_d[None, :],
-                    mask=offs_n[:, None] < N_K, other=0.0)  # (BLOCK_N, HEAD_DIM)
-        qk = tl.dot(q, kT)  # raw scores q·kᵀ, (BLOCK_M, BLOCK_N)
+        kT = ...  # TODO: Kᵀ of this key block, (HEAD_DIM, BLOCK_N); keys past N_K as 0
+        v = ...  # TODO: V of this key block, (BLOCK_N, HEAD_DIM); keys past N_K as 0
+        qk = ...  # TODO: the raw scores q·kᵀ, (BLOCK_M, BLOCK_N)
         visible = ...  # TODO: (BLOCK_M, BLOCK_N): key offs_n in the band of row offs_m, < N_K
-        s = tl.where(visible, qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw no key yet
-        alpha = tl.math.exp2(m_i - m_ref)
-        p = tl.math.exp2(s - m_ref[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p, v)
-        m_i = m_new
+        s = ...  # TODO: the scaled scores (base 2), −inf where not visible
+        m_new = ...  # TODO: the running max after this block
+        m_ref = ...  # TODO: the max to subtract: 0 in rows that saw no key yet
+        alpha = ...  # TODO: the factor that moves l_i and acc to the new max
+        p = ...  # TODO: this block's exponentials
+        l_i = ...  # TODO
+        acc = ...  # TODO
+        m_i = ...  # TODO
     o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # O = 0 in a row that sees no key
     tl.store(o_ptrs, o, mask=offs_m[:, None] < N_Q)
 
@@ -516,6 +514,10 @@ WINDOW_HINTS = (
     "row i of the block sees keys p − LEFT … p + RIGHT with p = i + offset. The loop must "
     "visit every key some row sees: the block's first row reaches furthest left, its last "
     "real row (mind rows past N_Q) furthest right.",
+    "the loop body is lesson 08's causal kernel's with `visible` in place of the causal "
+    "mask: the two tiles loaded with a mask past N_K, the scores scaled to base 2 and set to "
+    "−inf outside the band, then the online-softmax step (a row that saw no key yet subtracts "
+    "0, not −inf).",
     "clamp: lo never below 0 (a load at a negative offset is out of bounds), hi never past "
     "N_K. Rounding lo down to a multiple of BLOCK_N, as the library does, keeps the loads "
     "aligned; either is right here.",
@@ -542,8 +544,8 @@ def check_window_kernel(kernel, show: bool = True) -> Result:
 
 register(Exercise(
     name="window_kernel", lesson=LESSON, kind="triton",
-    writes="a sliding-window kernel: the key range the loop visits and the in-band mask",
-    lines=3, check=check_window_kernel, solution=_window_solution, stub=window_kernel,
+    writes="a sliding-window kernel: the key range the loop visits and the whole loop body "
+           "(loads, in-band mask, online softmax)", lines=14, check=check_window_kernel, solution=_window_solution, stub=window_kernel,
     extra=(prepare_window,),
     mistakes=(
         Mistake("lo not clamped at 0", kernel_variant(
@@ -563,6 +565,10 @@ register(Exercise(
             "values differ"),
         Mistake("no left edge in the mask (causal only)", kernel_variant(
             _window_solution, ("(offs_n[None, :] >= pos - LEFT) & ", "")), "values differ"),
+        Mistake("no guard for rows that saw no key: m_new subtracted when it is −inf",
+                kernel_variant(_window_solution, (
+                    'm_ref = tl.where(m_new == float("-inf"), 0.0, m_new)', "m_ref = m_new")),
+                "NaN"),
         Mistake("no key block skipped: lo = 0, hi = N_K", kernel_variant(
             _window_solution,
             ("(tl.maximum(start_m + offset - LEFT, 0) // BLOCK_N) * BLOCK_N", "0"),

@@ -48,6 +48,8 @@ LESSONS = (
            "07_decoding"),
     Lesson("12_flash_decoding", "split-KV and the LSE merge, bandwidth against the copy ceiling",
            "07_decoding"),
+    Lesson("12a_decode_tuning", "appendix: the measurements behind the decode kernel's choices "
+           "(split count, tile order, merge, tiles per GPU), printed from the stored runs", None),
     Lesson("13_paged_attention", "block tables, copy-on-write, waste simulation, paged decode",
            "07_decoding"),
     Lesson("14_llama_capstone", "the course kernels inside Hugging Face LLaMA", "07_decoding"),

@@ -45,7 +45,7 @@ def test_random_rotation_is_orthogonal_and_leaves_qk_unchanged():
     assert float((q @ k.T - (q @ m) @ (k @ m).T).abs().max()) < 1e-10
     assert not torch.equal(random_rotation(64, seed=0), random_rotation(64, seed=1))
     # FlashAttention-3's order, signs then Hadamard: a row of ones spreads (H alone would send
-    # it to one entry of sqrt(d)), and the seed changes the magnitudes, hence the rounding
+    # it to one entry of sqrt(d)), and another seed changes the magnitudes, hence the rounding
     ones = torch.ones(1, 128, dtype=torch.float64)
     assert float((ones @ random_rotation(128)).abs().max()) < 8  # H alone: one entry of 11.3
     a, b = (ones @ random_rotation(128, seed=s) for s in (0, 1))

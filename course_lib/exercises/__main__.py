@@ -4,7 +4,8 @@
 ``verify``: every reference solution passes its checker, every registered wrong answer fails it
 with the message a student would see, and that message diagnoses it (it names the mistake, or
 says what no other registered mistake's message says), every stub reads as "not done yet", every
-question has a worked answer (and its number passes its own check). Exit status 0 only when all of that holds.
+question has a worked answer (and its number passes its own check). Exit status 0 only when
+all of that holds.
 ``solution NAME``: the reference solution.
 """
 import argparse

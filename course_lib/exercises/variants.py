@@ -545,7 +545,8 @@ def check_window_kernel(kernel, show: bool = True) -> Result:
 register(Exercise(
     name="window_kernel", lesson=LESSON, kind="triton",
     writes="a sliding-window kernel: the key range the loop visits and the whole loop body "
-           "(loads, in-band mask, online softmax)", lines=14, check=check_window_kernel, solution=_window_solution, stub=window_kernel,
+           "(loads, in-band mask, online softmax)", lines=14, check=check_window_kernel,
+    solution=_window_solution, stub=window_kernel,
     extra=(prepare_window,),
     mistakes=(
         Mistake("lo not clamped at 0", kernel_variant(

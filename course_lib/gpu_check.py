@@ -16,7 +16,7 @@ Exit status 0 only when nothing failed. The module is also the pytest plugin tha
 test's outcome to a log as it ends (``-p course_lib.gpu_check``, the log named by
 ``COURSE_GPU_CHECK_LOG``), so a run stopped by a time limit still says what it reached.
 
-    ./course gpu-check                    # everything, about 7 minutes on an H200
+    ./course gpu-check                    # everything, about 8 minutes on an H200
     ./course gpu-check --only tests       # one part: bench, tests, notebooks or exercises
 """
 from __future__ import annotations

@@ -1224,10 +1224,11 @@ def gpu_check_line() -> str:
     where, on which commit, and what passed."""
     record = json.loads((DATA / "gpu_check.json").read_text())
     env = record["environment"]
+    # a part stopped by the time limit counts the stop as one failure: said in words instead
     parts = "; ".join(
-        f"{name} {p['passed']} passed, {p['failed']} failed"
+        f"{name} {p['passed']} passed, {p['failed'] - bool(p.get('timed_out'))} failed"
         + (f", {p['skipped']} skipped" if p.get("skipped") else "")
-        + (" (stopped by the time limit)" if p.get("timed_out") else "")
+        + (", then stopped by the time limit" if p.get("timed_out") else "")
         for name, p in record["parts"].items() if name != "bench")
     return (f"The last `./course gpu-check` (`course_lib/data/gpu_check.json`): {env['gpu']}, "
             f"torch {env['torch']}, triton {env['triton']}, commit {env['commit'][:7]}, "

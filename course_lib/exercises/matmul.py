@@ -837,44 +837,37 @@ def _launch_matmul_solution(kernel, a, b):
     return c
 
 
-def _launch_row_major(kernel, a, b):
+def _launch_as(kernel, a, b, cdiv=triton.cdiv, strides=None, b_passed=None):
+    """``_launch_matmul_solution`` with one thing done wrong: the grid rounded by ``cdiv``,
+    the strides ``strides(a, b, c)``, or ``b_passed`` handed to the kernel in place of b."""
     M, K = a.shape
     N = b.shape[1]
     c = torch.empty(M, N, dtype=torch.float32, device=a.device)
-    grid = (triton.cdiv(M, 16), triton.cdiv(N, 16))
-    kernel[grid](a, b, c, M, N, K, K, 1, N, 1, N, 1, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+    strides = strides or (lambda a, b, c: (a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                                           c.stride(0), c.stride(1)))
+    kernel[(cdiv(M, 16), cdiv(N, 16))](a, b if b_passed is None else b_passed, c, M, N, K,
+                                       *strides(a, b, c), BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
     return c
+
+
+def _launch_row_major(kernel, a, b):
+    return _launch_as(kernel, a, b, strides=lambda a, b, c: (a.shape[1], 1, b.shape[1], 1,
+                                                             b.shape[1], 1))
 
 
 def _launch_floor(kernel, a, b):
-    M, K = a.shape
-    N = b.shape[1]
-    c = torch.empty(M, N, dtype=torch.float32, device=a.device)
-    grid = (M // 16, N // 16)
-    kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                 c.stride(0), c.stride(1), BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
-    return c
+    return _launch_as(kernel, a, b, cdiv=lambda n, d: n // d)
 
 
 def _launch_b_strides_swapped(kernel, a, b):
-    M, K = a.shape
-    N = b.shape[1]
-    c = torch.empty(M, N, dtype=torch.float32, device=a.device)
-    grid = (triton.cdiv(M, 16), triton.cdiv(N, 16))
-    kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(1), b.stride(0),
-                 c.stride(0), c.stride(1), BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
-    return c
+    return _launch_as(kernel, a, b, strides=lambda a, b, c: (a.stride(0), a.stride(1),
+                                                             b.stride(1), b.stride(0),
+                                                             c.stride(0), c.stride(1)))
 
 
 def _launch_contiguous_copy_lost(kernel, a, b):
     """.contiguous() on B, but the strides still read from the view."""
-    M, K = a.shape
-    N = b.shape[1]
-    c = torch.empty(M, N, dtype=torch.float32, device=a.device)
-    grid = (triton.cdiv(M, 16), triton.cdiv(N, 16))
-    kernel[grid](a, b.contiguous(), c, M, N, K, a.stride(0), a.stride(1), b.stride(0),
-                 b.stride(1), c.stride(0), c.stride(1), BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
-    return c
+    return _launch_as(kernel, a, b, b_passed=b.contiguous())
 
 
 def _launch_cases():
@@ -901,49 +894,27 @@ def _describe_launch(case) -> str:
     return (f"A {tuple(a.shape)} {layout(a)}, B {tuple(b.shape)} {layout(b)}")
 
 
-class _Launches:
-    """Stands in for ``strided_matmul_kernel``: ``kernel[grid](...)`` runs the kernel in the
-    interpreter with every load and store checked, C poisoned first; a launch that does not
-    fit the kernel is an error that says why."""
-
-    def __init__(self):
-        import inspect
-
-        from course_lib.exercises import sandbox
-        self.sandbox = sandbox
-        self.signature = inspect.signature(sandbox.python_function(strided_matmul_kernel))
-        self.count = 0
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            try:
-                bound = self.signature.bind(*args, **kwargs)
-            except TypeError as exc:
-                raise TypeError(f"the kernel takes ({', '.join(self.signature.parameters)}): "
-                                f"{exc}") from None
-            g = (grid,) if isinstance(grid, int) else tuple(grid)
-            if not g or not all(isinstance(d, int) and d >= 0 for d in g):
-                raise ValueError(f"the grid must be a tuple of ints ≥ 0, got {grid!r}")
-            self.count += 1
-            named = dict(bound.arguments)
-            tensors = {n: t for n, t in named.items() if isinstance(t, torch.Tensor)}
-            if isinstance(named.get("c_ptr"), torch.Tensor):
-                named["c_ptr"].fill_(float("nan"))  # an element never written shows as NaN
-            oob = self.sandbox.run(strided_matmul_kernel, g, named, tensors)
-            if oob:
-                raise IndexError(oob)
-        return launch
-
-
 def check_launch_matmul(student, show: bool = True) -> Result:
     """``student(kernel, a, b) -> C``: your launch of ``strided_matmul_kernel``; C = A·B in
     float32 for row-major A and B, B a transposed view, A a slice of a wider matrix."""
+    from course_lib.exercises import sandbox
+    from course_lib.exercises.puzzles import _Recorder
+
     def run(a, b):
-        kernel = _Launches()
+        kernel = _Recorder(strided_matmul_kernel)  # records the launch; it runs below
         c = student(kernel, a, b)
-        if c is not None and kernel.count != 1:
-            raise ValueError(f"your function launched the kernel {kernel.count} times; it "
-                             "should launch it once: kernel[grid](...)")
+        if c is None:
+            return None
+        if len(kernel.launches) != 1:
+            raise ValueError(f"your function launched the kernel {len(kernel.launches)} times; "
+                             "it should launch it once: kernel[grid](...)")
+        grid, args = kernel.launches[0]
+        if isinstance(args.get("c_ptr"), torch.Tensor):
+            args["c_ptr"].fill_(float("nan"))  # an element never written shows as NaN
+        tensors = {n: t for n, t in args.items() if isinstance(t, torch.Tensor)}
+        oob = sandbox.run(strided_matmul_kernel, grid, args, tensors)
+        if oob:
+            raise IndexError(oob)
         return c
 
     return check("launch_matmul", run, lambda a, b: a.double() @ b.double(), _launch_cases(),

@@ -231,12 +231,14 @@ def run(parts=PARTS, workers: int | None = None, budget_s: float = 540,
 
         result["bench"] = smoke()
         result["parts"]["bench"] = {"wall_s": round(time.perf_counter() - t0, 1)}
+    # the tests are the longest part: they get the cores the exercises and the notebooks free
+    # when they end (one process too many while all three run; compiles are CPU-bound)
     nb_workers = max(1, min(4, workers // 3))
     notebooks = _longest_first([str(p.relative_to(ROOT))
                                 for p in sorted((ROOT / "notebooks").glob("*.ipynb"))])
     tests = _longest_first([f"tests/{f}" for f in GPU_TESTS])
     commands = {
-        "tests": _pytest(tests, max(1, workers - nb_workers - 1), _balanced()),
+        "tests": _pytest(tests, max(1, workers - nb_workers + 1), _balanced()),
         "notebooks": _pytest(notebooks, nb_workers, "loadfile"),
         "exercises": [sys.executable, "-m", "course_lib.exercises", "verify", "--quiet"],
     }
@@ -282,7 +284,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="./course gpu-check", description=__doc__.split("\n")[0])
     ap.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS))
     ap.add_argument("--workers", type=int, default=None,
-                    help="processes in all: pytest workers and the exercises' one")
+                    help="the cores to fill (default: all but one): the notebooks take a third "
+                         "(at most 4), the exercises one, the tests the rest and two more")
     ap.add_argument("--budget", type=float, default=540, help="seconds before parts are stopped")
     ap.add_argument("--work-dir", type=Path, default=None, help="where the logs go")
     ap.add_argument("--record", type=Path, default=RECORD)

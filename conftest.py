@@ -5,12 +5,33 @@ cell, ``course_lib.exercises.leaks`` looks for the key lines of the notebook's e
 outputs of the cells above each stub (a kernel printed by ``inspect.getsource`` above its
 exercise gives the answer away). A leak fails that last cell, naming the cell and the line.
 tests/test_exercise_leaks.py checks the notebooks' sources the same way.
+
+A kernel that dies before it answers its first message is started once more: jupyter_client
+picks a free port, closes it and hands it to the new kernel, and with several notebooks running
+side by side another connection can take that port in between (one notebook lost all its cells
+that way in four full runs of ``./course gpu-check``). No cell of the notebook has run then.
 """
 from pathlib import Path
 
 import pytest
 
 _OUTPUTS: dict = {}  # notebook path -> {cell index: printed text}
+
+
+def pytest_configure(config):
+    try:
+        import nbval.kernel
+    except ImportError:
+        return
+    start = nbval.kernel.start_new_kernel
+
+    def start_new_kernel(*args, **kwargs):
+        try:
+            return start(*args, **kwargs)
+        except RuntimeError:  # "Kernel died before replying to kernel_info": its port was taken
+            return start(*args, **kwargs)
+
+    nbval.kernel.start_new_kernel = start_new_kernel
 
 
 def _printed(outputs) -> str:

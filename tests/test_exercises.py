@@ -64,6 +64,32 @@ def test_triton_exercises_in_every_kernel_lesson():
     assert not missing, f"kernel lessons without a Triton exercise: {missing}"
 
 
+MAIN_EXERCISES = {"07_triton_flash_v1": "flash_v1_kernel", "08_triton_flash_v2":
+                  "flash_v2_causal_kernel", "10_backward": "dkdv_kernel",
+                  "12_flash_decoding": "split_kv"}
+
+
+def written_lines(e) -> int:
+    """The lines of the solution that the stub does not show (comments and headers aside)."""
+    stub = {line.strip() for line in source(e.stub).splitlines()}
+    lines = [line.strip() for line in source(e.solution).splitlines()]
+    return sum(1 for line in lines if line and line not in stub
+               and not line.startswith(("#", '"""', "def ", "@")))
+
+
+def test_the_student_writes_whole_kernels():
+    """At least 20 Triton exercises; the main exercise of 07, 08, 10 and 12 is a kernel's loop
+    body of 10 lines or more; no exercise states more lines than its solution adds to its stub."""
+    triton = [e for e in EXERCISES.values() if e.kind == "triton"]
+    assert len(triton) >= 20, f"{len(triton)} Triton exercises"
+    for lesson, name in MAIN_EXERCISES.items():
+        e = EXERCISES[name]
+        assert e.lesson == lesson and e.kind == "triton" and e.lines >= 10, (name, e.lines)
+    overstated = [(n, e.lines, written_lines(e)) for n, e in EXERCISES.items()
+                  if e.lines > written_lines(e) + 1]
+    assert not overstated, f"(name, lines stated, lines the solution adds): {overstated}"
+
+
 @pytest.mark.parametrize("name", list(CATALOGUE))
 def test_verify(name):
     problems = verify_one(CATALOGUE[name])

@@ -56,6 +56,8 @@ LESSONS = (
     Lesson("15_attention_variants", "the attention of open models: sliding windows, softcap, "
            "ALiBi, sinks, packed sequences; each a block map plus a score change",
            "08_variants"),
+    Lesson("15a_variants_on_gpu", "appendix: the variants on a GPU: the TMA kernel and its pinned "
+           "max in a band, the stored forward, backward and packed-sequence runs", None),
 )
 
 

@@ -84,6 +84,25 @@ def test_a_deck_shows_triton_code():
         "no deck shows a Triton kernel's code"
 
 
+def lesson_words(md: list[str]) -> int:
+    """The words a student reads in a lesson's markdown: a formula ($...$ or $$...$$) counts as
+    one word, the reading list none."""
+    words = 0
+    for cell in md:
+        if re.match(r"#+ Further reading", cell):
+            continue
+        words += len(re.sub(r"\$\$.*?\$\$|\$[^$\n]*\$", "x", cell, flags=re.S).split())
+    return words
+
+
+@pytest.mark.parametrize("stem", ["12_flash_decoding", "15_attention_variants"])
+def test_a_lesson_is_a_lesson_not_a_lab_notebook(stem):
+    """At most 3,000 words; the record of measurements lives in the lesson's appendix notebook
+    and in course_lib/data/perf_notes.md."""
+    words = lesson_words(cells(ROOT / "notebooks" / f"{stem}.ipynb", "markdown"))
+    assert words <= 3000, f"{stem} has {words} words of lesson (at most 3,000)"
+
+
 def test_lesson_09_is_a_lesson_then_a_case_study():
     md = cells(ROOT / "notebooks" / "09_hopper.ipynb", "markdown")
     heads = [i for i, c in enumerate(md) if re.search(r"^#+ .*Case study", c, re.M)]

@@ -107,5 +107,5 @@ def test_lesson_09_is_a_lesson_then_a_case_study():
     md = cells(ROOT / "notebooks" / "09_hopper.ipynb", "markdown")
     heads = [i for i, c in enumerate(md) if re.search(r"^#+ .*Case study", c, re.M)]
     assert heads, "lesson 09 has no 'Case study' section"
-    words = sum(len(c.split()) for c in md[:heads[0]])
+    words = lesson_words(md[:heads[0]])
     assert words <= 2500, f"lesson 09's lesson proper has {words} words (at most 2,500)"

@@ -621,6 +621,13 @@ def facts() -> dict[str, Fact]:
         "unified_max.safe_window(float16)")
 
     # Lessons and decks: each group adds its facts below its own marker, never elsewhere
+    # --- facts: the decks' datasheet numbers and worked sizes ---
+    from course_lib.hardware import get_gpu
+    add("h100_fp16_tflops", f"{get_gpu('H100-SXM').fp16_tensor_tflops} TFLOP/s", "02_gpu_tiling",
+        "hardware: the H100 SXM datasheet's dense fp16 tensor-core rate")
+    bm, bn, bk, stages = 128, 256, 64, 3  # A's (BM, BK) and B's (BK, BN) fp16 tiles per stage
+    add("tile_128x256x64_s3_kib", f"{(bm * bk + bk * bn) * 2 * stages // 1024} KiB",
+        "02_gpu_tiling", "shared memory of a 128x256x64 fp16 tile, A and B, 3 stages")
     # --- facts: notebooks 00-06 ---
     from course_lib.diagrams.memory import hierarchy
     add("nb02_smem_tbs", f"{hierarchy('H100-SXM')[1]['tbs']:.0f} TB/s", "nb:02_gpu_memory",

@@ -3,7 +3,8 @@
     python -m course_lib.slides render          # every deck -> slides/build/html/ (HTML)
     python -m course_lib.slides render --pdf    # ... and slides/build/pdf/ (needs Chromium)
     python -m course_lib.slides pages           # PDF pages -> slides/build/png/ (pdftoppm)
-    python -m course_lib.slides check           # images, speaker notes, layout, quoted numbers
+    python -m course_lib.slides check           # images, speaker notes, layout, quoted numbers,
+                                                # code excerpts cut faithfully from the source
 
 The decks are slides/NN_topic.md (English) and slides/zh/NN_topic.md (Chinese), one per lesson
 group of ``course_lib.lessons.LESSONS``; their figures are images/<stem>.png, made by
@@ -305,6 +306,152 @@ def check_readability(html_files, layout: dict | None = None,
 
 
 # --------------------------------------------------------------------------------------------
+# code on a slide: a faithful cut of the course's source
+# --------------------------------------------------------------------------------------------
+
+_GAP = re.compile(r"^\s*(#\s*)?(\.\.\.|…)\s*$")   # a line "..." or "# ...": lines left out
+
+
+def _code(line: str) -> str:
+    """A line's code: its trailing comment dropped (a # outside quotes), spaces collapsed."""
+    quote = None
+    for i, ch in enumerate(line):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#":
+            line = line[:i]
+            break
+    return " ".join(line.split())
+
+
+def excerpts(text: str) -> list[str]:
+    """The ```python blocks of a deck: each is cut from the course's source."""
+    return [body for lang, body in re.findall(r"```(\w*)\n(.*?)```", text, re.S)
+            if lang == "python"]
+
+
+def _source_lines() -> dict[str, list[str]]:
+    """{file: the code of its lines that have code} for every module of course_lib; docstrings
+    are not code."""
+    import ast
+
+    out = {}
+    for path in sorted((ROOT / "course_lib").rglob("*.py")):
+        text = path.read_text()
+        docs = set()
+        for node in ast.walk(ast.parse(text)):
+            body = getattr(node, "body", None)
+            if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                    and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                docs.update(range(body[0].lineno, body[0].end_lineno + 1))
+        out[str(path.relative_to(ROOT))] = [
+            c for n, c in enumerate(map(_code, text.splitlines()), 1) if c and n not in docs]
+    return out
+
+
+def unfaithful(excerpt: str, sources: dict[str, list[str]] | None = None) -> str | None:
+    """None when ``excerpt`` is a faithful cut of one file of course_lib: its lines of code, in
+    order, are lines of that file, and where it skips lines of code the excerpt says so with a
+    line "..." (or "# ..."). Comments may differ (a slide annotates, a Chinese deck translates),
+    and so may indentation. Otherwise, what is wrong, against the file that matches longest."""
+    sources = _source_lines() if sources is None else sources
+    items = [None if _GAP.match(line) else _code(line) for line in excerpt.splitlines()]
+    items = [x for x in items if x != ""]  # blank and comment-only lines say nothing
+    codes = [x for x in items if x is not None]
+    if not codes:
+        return None
+    best = (-1, "", "")
+    for name, lines in sources.items():
+        for start in (i for i, c in enumerate(lines) if c == codes[0]):
+            pos, matched, gap, why = start, 0, False, ""
+            for x in items:
+                if x is None:
+                    gap = True
+                    continue
+                if matched == 0:
+                    matched, pos = 1, start + 1
+                    gap = False
+                    continue
+                if pos < len(lines) and lines[pos] == x:
+                    pos, matched, gap = pos + 1, matched + 1, False
+                    continue
+                if gap and x in lines[pos:]:
+                    pos, matched, gap = lines.index(x, pos) + 1, matched + 1, False
+                    continue
+                why = (f"{x!r} is not the next line of {name}" if x in lines[pos:] and not gap
+                       else f"{x!r} is not in {name} after the lines above it")
+                if x in lines[pos:] and not gap:
+                    why += f" (lines are left out before it: mark them with '...'; the file " \
+                           f"has {lines[pos]!r} there)" if pos < len(lines) else ""
+                break
+            if not why:
+                return None
+            if matched > best[0]:
+                best = (matched, name, why)
+    if best[0] < 0:
+        return f"its first line {codes[0]!r} is in no file of course_lib"
+    return best[2]
+
+
+def excerpt_problems(decks=None, langs=None) -> list[str]:
+    """Every code excerpt of the decks (English and Chinese) that is not a faithful cut."""
+    sources, problems = _source_lines(), []
+    for lang, folder in LANGS.items():
+        if langs is not None and lang not in langs:
+            continue
+        for path in sorted(folder.glob("*.md")):
+            if decks is not None and path.stem not in decks:
+                continue
+            for i, body in enumerate(excerpts(path.read_text())):
+                why = unfaithful(body, sources)
+                if why:
+                    problems.append(f"{lang}/{path.name}: code excerpt {i + 1}: {why}")
+    return problems
+
+
+# --------------------------------------------------------------------------------------------
+# speaker notes: the numbers they quote, and what they say of the course
+# --------------------------------------------------------------------------------------------
+
+_MEASURED = re.compile(r"(?<![\w.])(\d+(?:[.,]\d+)?)\s*(µs|us|ms|TFLOP/s|GB/s|TB/s|GiB|GB|MiB|MB|"
+                       r"KiB|×|x\b|%)")
+_LAST = re.compile(r"last deck|final deck|最后一讲")
+
+
+def notes_problems(decks=None, langs=None, f: dict | None = None) -> list[str]:
+    """Speaker notes say what the data and the course say. A number with a unit in the notes
+    (µs, ms, TFLOP/s, GB, ×, %, ...) is a fact of ``results.facts()`` or stands on one of the
+    deck's slides (whose numbers ``results.check`` holds to the facts); only the last deck of
+    ``deck_names()`` may call itself the last."""
+    f = results.facts() if f is None else f
+    texts = [fact.text for fact in f.values()]
+    names = deck_names()
+    problems = []
+    for lang, folder in LANGS.items():
+        if langs is not None and lang not in langs:
+            continue
+        for path in sorted(folder.glob("*.md")):
+            if decks is not None and path.stem not in decks:
+                continue
+            text = path.read_text()
+            notes = re.findall(r"<!--(.*?)-->", text, re.S)
+            shown = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+            for note in notes:
+                for m in _MEASURED.finditer(note):
+                    if not any(m.group(1) in t for t in texts) and m.group(1) not in shown:
+                        problems.append(f"{lang}/{path.name}: the notes quote {m.group(0)!r}, "
+                                        "which is neither a fact of results.facts() nor on a "
+                                        "slide of the deck")
+                if _LAST.search(note) and path.stem != names[-1]:
+                    problems.append(f"{lang}/{path.name}: the notes call it the last deck; "
+                                    f"{names[-1]} follows")
+    return problems
+
+
+# --------------------------------------------------------------------------------------------
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib.slides", description=__doc__,
@@ -345,6 +492,7 @@ def main(argv=None) -> int:
                          f"outside the slide (top {p['top']}, bottom {p['bottom']}, "
                          f"right {p['right']})" for p in items]
         problems += results.check()
+        problems += excerpt_problems() + notes_problems()
         for line in problems:
             print("PROBLEM:", line)
         print(f"{len(html)} decks checked in {time.perf_counter() - t0:.1f} s: "

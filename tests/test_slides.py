@@ -65,6 +65,38 @@ def test_deck_source(deck, lang):
     assert path.read_text().count("$$") >= 4, f"{path.name}: no derivations in $$...$$"
 
 
+@pytest.mark.parametrize("lang", LANGS)
+@pytest.mark.parametrize("deck", DECKS)
+def test_code_on_a_slide_is_a_faithful_cut_of_the_source(deck, lang):
+    """Every ```python block of a deck is lines of one course_lib module, in order, with "..."
+    where lines are left out: a loop on a slide is the loop that runs (comments may differ)."""
+    problems = slides.excerpt_problems(decks={deck}, langs={lang})
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("lang", LANGS)
+@pytest.mark.parametrize("deck", DECKS)
+def test_speaker_notes_say_what_the_data_says(deck, lang):
+    """A measured number in the notes is a fact or stands on a slide; only the last deck says
+    it is the last."""
+    problems = slides.notes_problems(decks={deck}, langs={lang})
+    assert not problems, "\n".join(problems)
+
+
+def test_a_cut_that_drops_a_line_silently_is_caught():
+    source = {"k.py": ["for start_n in range(lo, hi, BLOCK_N):", "k_ptrs = K + start_n",
+                       "k = tl.load(k_ptrs)", "qk = tl.dot(q, k)"]}
+    whole = "for start_n in range(lo, hi, BLOCK_N):\n    k_ptrs = K + start_n  # advance\n" \
+            "    k = tl.load(k_ptrs)\n    qk = tl.dot(q, k)\n"
+    assert slides.unfaithful(whole, source) is None
+    marked = "for start_n in range(lo, hi, BLOCK_N):\n    ...\n    qk = tl.dot(q, k)\n"
+    assert slides.unfaithful(marked, source) is None
+    dropped = "for start_n in range(lo, hi, BLOCK_N):\n    k = tl.load(k_ptrs)\n"
+    assert "mark them with '...'" in slides.unfaithful(dropped, source)
+    made_up = "for start_n in range(lo, hi, BLOCK_N):\n    k = tl.load(K)\n"
+    assert "is not in k.py" in slides.unfaithful(made_up, source)
+
+
 def test_decks_quote_the_numbers_the_code_computes():
     from course_lib import results
 

@@ -71,6 +71,62 @@ def dataflow():
     return fig
 
 
+def dkdv_loop(n_blocks: int = 4, i_now: int = 2, j: int = 1):
+    """One dK/dV program (``_bwd_dkdv_inner`` of course_lib/kernels/flash_bwd.py): K_j and V_j
+    and two fp32 accumulators stay on chip while Q_i, dO_i and their lse, delta stream past,
+    one row block per step; dK_j and dV_j are written once, after the loop. The loop order of
+    FlashAttention-2's backward (Dao 2023, section 3.2), with the course's matmuls per step."""
+    from matplotlib.patches import Rectangle
+
+    n = matmul_counts()
+    fig = slide_figure(1160, 440)
+    ax = fig.subplots()
+    blank(ax, (0, 12.4), (0, 4.6))
+    ax.text(0.15, 4.3, "HBM", fontsize=TITLE_PT, weight="bold", color=C_HBM, va="center")
+
+    def stack(x, name, now, color, text_color):
+        for b in range(n_blocks):
+            y = 3.0 - 0.7 * b
+            cur = b == now
+            ax.add_patch(Rectangle((x, y), 0.65, 0.6, facecolor=color if cur else "white",
+                                   edgecolor="0.3", lw=1.5))
+            ax.text(x + 0.325, y + 0.3, name + (("ⱼ" if name in "KV" else "ᵢ") if cur else ""),
+                    fontsize=MIN_PT, ha="center", va="center", weight="bold" if cur else "normal",
+                    color=text_color if cur else "black")
+
+    stack(0.2, "K", j, C_OLD, "white")
+    stack(0.95, "V", j, C_OLD, "white")
+    stack(1.95, "Q", i_now, C_NEW, "black")
+    stack(2.7, "dO", i_now, C_NEW, "black")
+    ax.text(2.68, 0.45, "i = 0, 1, 2, …\none per step", fontsize=MIN_PT, ha="center",
+            va="center", color=C_NEW)
+    ax.text(0.92, 0.45, "block j\nstays", fontsize=MIN_PT, ha="center", va="center",
+            color=C_OLD)
+    # on chip: one program
+    box(ax, 3.75, 0.7, 4.2, 3.55, "", color="#eef6f2", edge=C_SUM)
+    ax.text(3.9, 3.95, "on chip: one program", fontsize=MIN_PT, weight="bold",
+            va="center", color=C_SUM)
+    box(ax, 3.95, 2.55, 1.8, 1.0, "Qᵢ, dOᵢ\nthis step", color=C_NEW, fontsize=MIN_PT)
+    box(ax, 5.95, 2.55, 1.8, 1.0, "Kⱼ, Vⱼ\nloaded once", color=C_OLD, text_color="white",
+        fontsize=MIN_PT)
+    box(ax, 3.95, 0.9, 3.8, 1.25, "dKⱼ, dVⱼ: fp32 accumulators,\nwritten once, after the loop",
+        color="white", fontsize=MIN_PT)
+    arrow(ax, (3.4, 1.9), (3.95, 2.7), color=C_NEW)
+    arrow(ax, (6.85, 0.9), (6.85, 0.3), color=C_HBM)
+    ax.text(7.0, 0.33, "to HBM", fontsize=MIN_PT, color=C_HBM, va="center")
+    # each step
+    ax.text(8.25, 3.95, f"each step: {n['dkdv']} matmuls", fontsize=TITLE_PT, weight="bold",
+            va="center")
+    steps = ["Pᵀ = 2^(c·Kⱼ Qᵢᵀ − lse₂)", "dVⱼ += Pᵀ dOᵢ", "dPᵀ = Vⱼ dOᵢᵀ",
+             "dSᵀ = Pᵀ ∘ (dPᵀ − delta)", "dKⱼ += dSᵀ Qᵢ"]
+    for k, line in enumerate(steps):
+        ax.text(8.25, 3.35 - 0.48 * k, line, fontsize=LABEL_PT, va="center")
+    ax.text(8.25, 0.85, "after the loop: dKⱼ ×= τ", fontsize=MIN_PT, va="center")
+    ax.text(8.25, 0.4, "c = τ·log₂e; lse₂, delta:\none number per row of Qᵢ", fontsize=MIN_PT,
+            color="0.3", va="center")
+    return fig
+
+
 def backward_io(d: int = 64, M: int = 98_304, seq_lens=(256, 1024, 4096, 16384)):
     """HBM elements of one head's backward against N: the standard backward (Algorithm 3) and
     FlashAttention's (Algorithm 4) with the paper's blocks for an A100's SRAM."""
@@ -164,6 +220,7 @@ def backward_speed(D: int = 128, causal: bool = True):
 
 FIGURES = {
     "slides_06_dataflow": dataflow,
+    "slides_06_dkdv_loop": dkdv_loop,
     "slides_06_backward_io": backward_io,
     "slides_06_memory": memory,
     "slides_06_backward_speed": backward_speed,

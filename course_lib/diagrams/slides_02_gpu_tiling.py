@@ -19,6 +19,9 @@ from course_lib.diagrams.slides_style import (
     LABEL_PT,
     MIN_PT,
     TITLE_PT,
+    arrow,
+    blank,
+    box,
     legend,
     off,
     slide_figure,
@@ -235,7 +238,43 @@ def program_order(rows: int = 7, cols: int = 6, group_m: int = 3, wave: int = 9)
     return fig
 
 
+def gpu(key: str = "H100-SXM"):
+    """The chip at slide size: SMs with their registers and shared memory, the L2 they share,
+    and the HBM off the chip, with the sizes and the bandwidth of ``course_lib.hardware``
+    (``diagrams.memory.hierarchy``, the notebook's figure, drawn for a room)."""
+    from course_lib.diagrams.memory import hierarchy
+    from course_lib.hardware import get_gpu
+
+    g = get_gpu(key)
+    regs, smem, l2, hbm = hierarchy(key)
+    fig = slide_figure(1160, 440)
+    ax = fig.subplots()
+    blank(ax, (0, 11.6), (0, 4.4))
+    box(ax, 0.1, 1.45, 11.4, 2.9, "", color="#f2f6fb", edge="#3b5b92")
+    ax.text(0.3, 4.05, f"{g.name}: one chip, {g.sms} SMs", fontsize=TITLE_PT, weight="bold",
+            color="#1f3b63", va="center")
+    for i, (x, name) in enumerate(((0.4, "SM 0"), (3.2, "SM 1"), (7.7, f"SM {g.sms - 1}"))):
+        box(ax, x, 2.35, 2.5, 1.45, "", color="white", edge="0.3")
+        ax.text(x + 1.25, 3.6, name, fontsize=LABEL_PT, weight="bold", ha="center",
+                va="center")
+        box(ax, x + 0.12, 2.95, 2.26, 0.45, f"registers {regs['per_sm_kib']:.0f} KiB",
+            color="#fde2c2", fontsize=MIN_PT)
+        box(ax, x + 0.12, 2.45, 2.26, 0.45, f"shared mem ≤ {smem['per_sm_kib']:.0f} KiB",
+            color="#d4ecd6", fontsize=MIN_PT)
+    ax.text(6.45, 3.05, "…", fontsize=TITLE_PT + 8, ha="center", va="center")
+    box(ax, 0.4, 1.6, 9.8, 0.5, f"L2 cache: {l2['total_mib']:.0f} MiB, shared by all SMs",
+        color="#e1e4f5", fontsize=LABEL_PT)
+    ax.text(10.35, 2.95, f"×{g.sms}", fontsize=TITLE_PT, weight="bold", va="center")
+    box(ax, 0.4, 0.1, 9.8, 0.7, f"{hbm['name']} (global memory): {g.hbm_gib:.0f} GiB, "
+        "off the chip", color="#f6d5d2", edge="#a93226", fontsize=LABEL_PT)
+    arrow(ax, (5.3, 1.45), (5.3, 0.8), color="#a93226", style="<|-|>")
+    ax.text(5.5, 1.12, f"{hbm['tbs']:.2f} TB/s", fontsize=LABEL_PT, weight="bold",
+            color="#a93226", va="center")
+    return fig
+
+
 FIGURES = {
+    "slides_02_gpu": gpu,
     "slides_02_roofline": roofline,
     "slides_02_time_floors": time_floors,
     "slides_02_program_order": program_order,

@@ -138,10 +138,12 @@ def why_long_context():
 def overflow():
     """Max error of naive and safe softmax of a row shifted by c, in float16 and float32:
     the same row for every c, so softmax should not change; naive breaks (NaN) past e^x's
-    overflow (``softmax.exp_limits``)."""
+    overflow (``softmax.exp_limits``). Errors below ``ROUNDING_ULPS`` ε are rounding, whose last
+    bits differ between CPUs: they are drawn at that bound, and the bound is drawn and
+    labelled."""
     from course_lib import softmax as sm
 
-    fig = slide_figure(1160, 250)
+    fig = slide_figure(1160, 300)
     ax = fig.subplots()
     z = np.random.default_rng(0).standard_normal(16)
     shifts = np.linspace(-120, 120, 241)
@@ -156,11 +158,15 @@ def overflow():
                 with np.errstate(all="ignore"):
                     err = np.abs(fn(xs).astype(np.float64) - ref).max()
                 errs.append(err if np.isfinite(err) else np.nan)
-            errs = np.maximum(np.asarray(errs), bound)
+            errs = np.maximum(np.asarray(errs), bound)  # below: rounding (CPU-dependent bits)
             ax.semilogy(top, errs, color=color, ls=ls, lw=3 if ls == "-" else 2.5,
                         label=f"{label}, {np.dtype(dtype).name}")
             broken = np.isnan(errs)
             ax.plot(top[broken], np.full(broken.sum(), 3.0), "|", color=color, ms=14)
+        ax.axhline(bound, color=color, ls=":", lw=1.2)
+        ax.text(15 if dtype == np.float16 else -88, bound * 1.7,
+                f"{np.dtype(dtype).name}: ≤ {sm.ROUNDING_ULPS} ε, rounding",
+                color=color, fontsize=MIN_PT)
         lim = sm.exp_limits(dtype)["overflow_above"]
         ax.axvline(lim, color=color, ls=":", lw=1.5)
         ax.text(lim + 2, 3e-5 if dtype == np.float16 else 2e-4, f"e^x = inf\npast {lim:.2f}",

@@ -4,6 +4,11 @@
     python -m course_lib.figures --check      # draw every figure afresh and compare
     python -m course_lib.figures --list       # every stem and the module that draws it
     python -m course_lib.figures STEM ...     # only these (the manifest keeps the others)
+    python -m course_lib.figures --untranslated   # Chinese twins' texts still to translate
+
+Every figure an English deck shows has a Chinese twin, ``<stem>_zh``: the same figure with its
+texts translated by course_lib/data/figures_zh.json (``localized``); the Chinese decks show
+the twins. tests/test_figures.py fails on a twin's text left in English.
 
 The notebooks and the slides (slides/*.md, slides/zh/*.md) use these files. Each module listed in
 ``MODULES`` keeps a dict ``FIGURES = {"stem": fn}``; ``fn()`` returns a matplotlib Figure, or None
@@ -101,8 +106,10 @@ def versions() -> dict:
             "numpy": numpy.__version__}
 
 
-def collect(modules=MODULES) -> dict:
-    """Stem -> (module name, function), in ``modules`` order; a stem defined twice is an error."""
+def collect(modules=MODULES, zh: bool = True) -> dict:
+    """Stem -> (module name, function), in ``modules`` order; a stem defined twice is an error.
+    With ``zh``, every figure an English deck shows also gets its Chinese twin ``<stem>_zh``
+    (``localized``), which the Chinese deck shows."""
     found = {}
     for name in modules:
         module = importlib.import_module(name)
@@ -114,7 +121,92 @@ def collect(modules=MODULES) -> dict:
                 raise ValueError(f"figure stem {stem!r} defined by both {found[stem][0]} "
                                  f"and {name}")
             found[stem] = (name, fn)
+    if zh:
+        table = zh_texts()
+        for stem in deck_stems():
+            if stem in found:
+                found[f"{stem}{ZH_SUFFIX}"] = (found[stem][0], localized(found[stem][1], table))
     return found
+
+
+# ------------------------------------------------------------------------------------------
+# The Chinese decks' figures: the English figure with its texts translated
+# ------------------------------------------------------------------------------------------
+
+ZH_SUFFIX = "_zh"
+ZH_TEXTS = ROOT / "course_lib" / "data" / "figures_zh.json"
+#: The Chinese twins draw with DejaVu Sans, and with Noto Sans CJK SC (Debian's fonts-noto-cjk,
+#: which ``./course test`` installs beside Chromium) for the glyphs DejaVu lacks.
+ZH_FONTS = ["DejaVu Sans", "Noto Sans CJK SC"]
+_ENGLISH = __import__("re").compile(r"[A-Za-z]{3,}")
+
+
+def deck_stems() -> list[str]:
+    """The figures the English decks (slides/*.md) show, in deck order."""
+    import re
+
+    stems = []
+    for path in sorted((ROOT / "slides").glob("*.md")):
+        for stem in re.findall(r"images/([\w.-]+)\.png", path.read_text()):
+            if stem not in stems:
+                stems.append(stem)
+    return stems
+
+
+def zh_texts() -> dict:
+    """{English text: Chinese text} of the figures' texts (course_lib/data/figures_zh.json): a
+    text that stays as it is (a name, a formula) maps to itself."""
+    return json.loads(ZH_TEXTS.read_text()) if ZH_TEXTS.exists() else {}
+
+
+_CJK: list = []
+
+
+def has_cjk_font() -> bool:
+    """Whether matplotlib can draw with ``ZH_FONTS[1]``; fonts installed after matplotlib made
+    its font cache are added from the system's font folders first."""
+    from matplotlib import font_manager
+
+    if not _CJK:
+        found = any(f.name == ZH_FONTS[1] for f in font_manager.fontManager.ttflist)
+        if not found:
+            for path in font_manager.findSystemFonts():
+                if "NotoSansCJK" in Path(path).name:
+                    font_manager.fontManager.addfont(path)
+            found = any(f.name == ZH_FONTS[1] for f in font_manager.fontManager.ttflist)
+        _CJK.append(found)
+    return _CJK[0]
+
+
+def localized(fn, table: dict):
+    """``fn`` drawing in Chinese: every text of its figure that ``table`` translates, translated,
+    in ``ZH_FONTS``. Returns None (skipped) where no CJK font is installed."""
+    def draw_zh():
+        if not has_cjk_font():
+            return None
+        fig = fn()
+        if fig is None:
+            return None
+        from matplotlib.text import Text
+
+        for text in fig.findobj(Text):
+            s = text.get_text()
+            if s in table:
+                text.set_text(table[s])
+            text.set_fontfamily(ZH_FONTS)
+        return fig
+    draw_zh.__name__ = f"{getattr(fn, '__name__', 'figure')}_zh"
+    return draw_zh
+
+
+def untranslated(texts, table: dict | None = None) -> list[str]:
+    """The texts of a Chinese twin still in English: words of three letters or more outside
+    $...$ that no entry of ``table`` produced."""
+    import re
+
+    table = zh_texts() if table is None else table
+    kept = set(table.values())
+    return [t for t in texts if t not in kept and _ENGLISH.search(re.sub(r"\$[^$]*\$", "", t))]
 
 
 # ------------------------------------------------------------------------------------------
@@ -438,7 +530,9 @@ def _draw_all(stems=None, figures=None, verbose=False):
         t0 = time.perf_counter()
         result = draw(fn)
         if result is None:
-            skipped[stem] = (f"{module}: no data (a stored measurement in course_lib/data "
+            skipped[stem] = (f"{module}: no CJK font (apt-get install fonts-noto-cjk)"
+                             if stem.endswith(ZH_SUFFIX) and not has_cjk_font() else
+                             f"{module}: no data (a stored measurement in course_lib/data "
                              "is missing)")
             if verbose:
                 print(f"  skipped {stem}: {skipped[stem]}")
@@ -501,12 +595,12 @@ def check(images: Path = IMAGES, stems=None, figures=None) -> list[str]:
     manifest = load_manifest(images)
     if manifest is None:
         return [f"{images / MANIFEST} is missing: run python -m course_lib.figures"]
-    drawn, _ = _draw_all(stems, figures)
+    drawn, skipped = _draw_all(stems, figures)
     stored = manifest["figures"]
     problems = []
     if stems is None and figures is None:
         problems += [f"{s}.png is in images/ but no FIGURES function draws it now"
-                     for s in sorted(set(stored) - set(drawn))]
+                     for s in sorted(set(stored) - set(drawn) - set(skipped))]
     problems += [f"{s}.png is new: run python -m course_lib.figures"
                  for s in sorted(set(drawn) - set(stored))]
     same_versions = manifest.get("versions") == versions()
@@ -540,6 +634,12 @@ def main(argv=None) -> int:
     parser.add_argument("--list", action="store_true", help="list the stems and their modules")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch.set_num_threads(N) first (the tests vary it)")
+    parser.add_argument("--english", action="store_true",
+                        help="with --check: the English figures only (the Chinese twins show "
+                             "the same numbers)")
+    parser.add_argument("--untranslated", action="store_true",
+                        help="the texts of the Chinese twins that course_lib/data/"
+                             "figures_zh.json does not translate yet, as JSON to fill in")
     parser.add_argument("stems", nargs="*", help="only these stems")
     args = parser.parse_args(argv)
     plt.switch_backend("Agg")  # headless, and the renderer the images were made with
@@ -551,8 +651,18 @@ def main(argv=None) -> int:
         for stem, (module, _) in collect().items():
             print(f"{stem:<30} {module}")
         return 0
+    if args.untranslated:
+        table, missing = zh_texts(), {}
+        for stem, (_, fn) in collect().items():
+            if stem.endswith(ZH_SUFFIX) and (not args.stems or stem in args.stems):
+                drawn = draw(fn)
+                for text in untranslated(drawn[1]["texts"] if drawn else [], table):
+                    missing.setdefault(text, "")
+        print(json.dumps(missing, ensure_ascii=False, indent=1))
+        return 0
     if args.check:
-        problems = check(args.out, stems=args.stems or None)
+        problems = check(args.out, stems=args.stems or None,
+                         figures=collect(zh=False) if args.english else None)
         for p in problems:
             print("DIFFERENT:", p)
         print(f"{'OK' if not problems else 'FAILED'}: {args.out} checked in "

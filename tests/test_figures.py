@@ -102,6 +102,28 @@ def test_images_equal_a_fresh_render():
     assert not problems, "\n".join(problems)
 
 
+def test_the_chinese_decks_show_chinese_figures():
+    """Every figure an English deck shows has its Chinese twin in images/, no text of a twin is
+    left in English (course_lib/data/figures_zh.json translates them), and the Chinese decks
+    show the twins."""
+    stored = figures.load_manifest()["figures"]
+    problems = []
+    for stem in figures.deck_stems():
+        entry = stored.get(stem + figures.ZH_SUFFIX)
+        if entry is None:
+            problems.append(f"{stem}{figures.ZH_SUFFIX}.png is missing: run "
+                            "python -m course_lib.figures")
+            continue
+        left = figures.untranslated(entry["content"]["texts"])
+        if left:
+            problems.append(f"{stem}{figures.ZH_SUFFIX}: still in English: {left}")
+    for path in sorted((ROOT / "slides" / "zh").glob("*.md")):
+        for name in IMAGE_LINK.findall(path.read_text()):
+            if not Path(name).stem.endswith(figures.ZH_SUFFIX):
+                problems.append(f"slides/zh/{path.name} shows {name}, not its Chinese twin")
+    assert not problems, "\n".join(problems)
+
+
 # --- the check holds on other CPUs ------------------------------------------------------------
 # The last bits of a computed number depend on the CPU's SIMD code paths: torch's ATen kernels
 # (ATEN_CPU_CAPABILITY), NumPy's loops (NPY_DISABLE_CPU_FEATURES), the BLAS under NumPy
@@ -136,7 +158,7 @@ def test_check_passes_on_other_cpu_code_paths(cpu):
     code = ("import sys, torch; from course_lib import figures; "
             f"torch.set_num_threads({threads}); "
             "print('capability', torch.backends.cpu.get_cpu_capability(), 'threads', "
-            "torch.get_num_threads()); sys.exit(figures.main(['--check']))")
+            "torch.get_num_threads()); sys.exit(figures.main(['--check', '--english']))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     print(proc.stdout[-3000:], proc.stderr[-3000:])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from course_lib.iomodel import attention as io
-from course_lib.reference import flash_v1_reference, flash_v2_reference
+from course_lib.reference import attention, flash_v1_reference, flash_v2_reference
 
 SIZES = [  # (N_q, N_k, d, block_m, block_n): partial blocks, N_q != N_k both ways, one block
     (64, 64, 16, 16, 16), (100, 70, 16, 8, 16), (37, 100, 8, 16, 5), (1, 33, 4, 16, 16),
@@ -186,6 +186,24 @@ def test_first_try_is_the_loop_with_every_pitfall():
         assert (ours - switched).abs().max().item() < 1e-12
 
 
+@pytest.mark.parametrize("size", SIZES, ids=str)
+def test_fused_exercise_counts_equal_v2_without_lse(size):
+    """Lesson 04's fused loop (exercise ``fused_attention``) moves what v2 moves, less the lse:
+    Q once, K and V once per Q block, O once; and its O is attention's."""
+    from course_lib.exercises.attention import fused_attention_solution
+
+    N_q, N_k, d, bm, bn = size
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, d, generator=gen, dtype=torch.float64) for n in (N_q, N_k, N_k))
+    hbm = io.HBMCounter()
+    O = fused_attention_solution(q, k, v, hbm, bm, bn)
+    res = io.flash_v2_io(*size)
+    assert dict(hbm.reads) == res["reads"] and dict(hbm.writes) == {"O": N_q * d}
+    assert hbm.read_elements == v2_closed_form(*size)[0]
+    ref = attention(q[None, None], k[None, None], v[None, None])[0, 0]
+    assert (O - ref).abs().max().item() < 1e-12
+
+
 def test_exercise_solutions_pass():
     from course_lib.exercises import attention as ex
 
@@ -193,6 +211,7 @@ def test_exercise_solutions_pass():
     assert ex.check_one_pass_step(ex.one_pass_step_solution)
     assert ex.check_rescale_update(ex.rescale_update_solution)
     assert ex.check_block_sizes(lambda M, d: io.paper_block_sizes(M, d))
+    assert ex.check_fused_attention(ex.fused_attention_solution, show=False)
 
     def stub(*args):
         raise NotImplementedError

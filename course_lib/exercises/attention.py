@@ -3,6 +3,11 @@
 * 04 ``standard_io``: the elements a framework's attention moves through HBM, with the causal
   mask and dropout run as kernels of their own (a variant of the lesson's closed form, for
   N_q != N_k: the formula of section 3 alone does not pass);
+* 04 ``fused_attention``: one head as a single fused loop that keeps S and P on chip and
+  reports each load and store to an ``HBMCounter``; the checker compares O with
+  ``reference.attention`` in fp64 *and* each tensor's count with ``iomodel.flash_v2_io`` (Q read
+  once, K and V once per block of query rows, O written once), so a loop that is right but
+  moves too much is told what it moved;
 * 05 ``one_pass_step``: one key's step of 1-pass attention for many rows, masked scores
   (−∞) included, also at a row's very first step;
 * 06 ``rescale_update``: one (j, i) step of Algorithm 1; ``paper_block_sizes``: B_r and B_c for
@@ -19,8 +24,25 @@ import math
 
 import torch
 
-from course_lib.exercises import Exercise, Mistake, Question, Result, check, register
-from course_lib.iomodel.attention import flash_attention_io, paper_block_sizes
+from course_lib.exercises import (
+    TODO,
+    Exercise,
+    Mistake,
+    Question,
+    Result,
+    _compare,
+    _nudge,
+    _report,
+    check,
+    register,
+)
+from course_lib.iomodel.attention import (
+    HBMCounter,
+    flash_attention_io,
+    flash_v2_io,
+    paper_block_sizes,
+)
+from course_lib.reference import attention
 
 # --- 04: standard attention's HBM traffic, as a training framework runs it ------------------
 
@@ -115,6 +137,305 @@ register(Question(
            "4Nd grows with N. It goes only when the two matmuls are fused with the softmax "
            "too, so that S and P never leave the chip: FlashAttention (lesson 06).",
     value=_fused_share()))
+
+
+# --- 04: the fused kernel, its traffic counted -------------------------------------------------
+
+
+def fused_attention(q, k, v, hbm, block_m, block_n):
+    """One head, q (N_q, d), k and v (N_k, d), as one fused kernel: S and P stay on chip.
+    Report every load from HBM with hbm.read(name, block) and every store to HBM with
+    hbm.write(name, block), by the names of section 2: "Q", "K", "V", "O"."""
+    N_q, d = q.shape
+    N_k = k.shape[0]
+    sm_scale = 1 / math.sqrt(d)
+    O = torch.full_like(q, float("nan"))          # (N_q, d): the output in HBM, not yet written
+    # TODO: for each block of block_m query rows: load its rows of Q; load K a block of
+    # block_n keys at a time and fill those columns of the block's scores; softmax; load V a
+    # block at a time and accumulate the block's output; store it in O
+    raise NotImplementedError
+    return O
+
+
+def fused_attention_solution(q, k, v, hbm, block_m, block_n):
+    """Q_i loaded once per block of query rows; K_j and V_j once per (i, j) pair; S_i and P_i
+    (B_r, N_k) never leave the chip; O_i stored once. FlashAttention-2's loop order, with the
+    softmax taken over a whole row of scores instead of a running one (lesson 05)."""
+    N_q, d = q.shape
+    N_k = k.shape[0]
+    sm_scale = 1 / math.sqrt(d)
+    O = torch.full_like(q, float("nan"))          # (N_q, d): the output in HBM, not yet written
+    for r0 in range(0, N_q, block_m):             # the last block may have fewer rows
+        Q_i = q[r0:r0 + block_m]                  # (B_r, d)
+        hbm.read("Q", Q_i)
+        S_i = torch.empty(len(Q_i), N_k, dtype=q.dtype)           # (B_r, N_k), on chip
+        for c0 in range(0, N_k, block_n):
+            K_j = k[c0:c0 + block_n]              # (B_c, d)
+            hbm.read("K", K_j)
+            S_i[:, c0:c0 + block_n] = Q_i @ K_j.T * sm_scale
+        P_i = torch.softmax(S_i, dim=-1)          # (B_r, N_k), on chip
+        O_i = torch.zeros(len(Q_i), d, dtype=q.dtype)             # (B_r, d), on chip
+        for c0 in range(0, N_k, block_n):
+            V_j = v[c0:c0 + block_n]              # (B_c, d)
+            hbm.read("V", V_j)
+            O_i += P_i[:, c0:c0 + block_n] @ V_j
+        O[r0:r0 + block_m] = O_i
+        hbm.write("O", O_i)
+    return O
+
+
+def _fused_variant(store_s=False, kv_per_row=False, kv_once=False, q_per_step=False,
+                   o_per_step=False, drop_rows=False, drop_keys=False, scaled=True):
+    """The reference with one mistake students make switched on."""
+    def wrong(q, k, v, hbm, block_m, block_n):
+        N_q, d = q.shape
+        N_k = k.shape[0]
+        if kv_per_row:
+            block_m = 1                           # a loop over rows, not over blocks of rows
+        if drop_keys:
+            N_k = N_k // block_n * block_n
+        sm_scale = 1 / math.sqrt(d) if scaled else 1.0
+        O = torch.full_like(q, float("nan"))
+        if kv_once:
+            for c0 in range(0, N_k, block_n):
+                hbm.read("K", k[c0:c0 + block_n]), hbm.read("V", v[c0:c0 + block_n])
+        T_r = N_q // block_m if drop_rows else math.ceil(N_q / block_m)
+        for i in range(T_r):
+            Q_i = q[i * block_m:(i + 1) * block_m]
+            if not q_per_step:
+                hbm.read("Q", Q_i)
+            S_i = torch.empty(len(Q_i), N_k, dtype=q.dtype)
+            for c0 in range(0, N_k, block_n):
+                if q_per_step:
+                    hbm.read("Q", Q_i)
+                if not kv_once:
+                    hbm.read("K", k[c0:c0 + block_n])
+                S_i[:, c0:c0 + block_n] = Q_i @ k[c0:c0 + block_n].T * sm_scale
+                if store_s:
+                    hbm.write("S", S_i[:, c0:c0 + block_n])
+            P_i = torch.softmax(S_i, dim=-1)
+            O_i = torch.zeros(len(Q_i), d, dtype=q.dtype)
+            for c0 in range(0, N_k, block_n):
+                if not kv_once:
+                    hbm.read("V", v[c0:c0 + block_n])
+                O_i += P_i[:, c0:c0 + block_n] @ v[c0:c0 + block_n]
+                if o_per_step:
+                    O[i * block_m:(i + 1) * block_m] = O_i
+                    hbm.write("O", O_i)
+            if not o_per_step:
+                O[i * block_m:(i + 1) * block_m] = O_i
+                hbm.write("O", O_i)
+        return O
+    return wrong
+
+
+FUSED_HINTS = (
+    "three loops: an outer one over blocks of block_m query rows; inside it, one over blocks "
+    "of block_n keys that fills the block's scores, then the softmax, then a second one over "
+    "the same key blocks for V. The store comes after both inner loops.",
+    "slicing clips at the end: the last block of rows (or of keys) is shorter when N_q is not "
+    "a multiple of block_m (N_k of block_n), and a range with a step of block_m visits it. "
+    "Report each slice to the counter where you take it, with its name: Q, K, V, O.",
+    "the block's scores are Q_i times K_j transposed, times sm_scale, written into the "
+    "columns of this key block; the softmax runs along each row once all of them are there. "
+    "The block's output starts at zero and gains, per key block, its columns of P times V_j; "
+    "write it into O once, and report that store.",
+)
+FUSED_NUDGES = {
+    "must match the existing size": "the last block of rows (or keys) can be shorter than "
+                                    "block_m (block_n): size the block's scores and output by "
+                                    "the rows of Q you loaded, not by block_m.",
+    "never written": "each block's output must land in O, the tensor the function returns: "
+                     "hbm.write only counts, it stores nothing.",
+    "differs from attention": FUSED_HINTS[2],
+}
+
+#: (N_q, N_k, d, block_m, block_n): ragged rows and keys with N_q > N_k (case 0 tells the
+#: classic mistakes apart: T_r = 3, T_c = 4, N_q = 37 rows), B_r = 1, one block of each,
+#: N_q < N_k with ragged blocks, a single query row.
+FUSED_CASES = ((37, 29, 8, 16, 8), (24, 40, 16, 1, 16), (20, 33, 8, 32, 64), (18, 50, 4, 7, 5),
+               (1, 5, 3, 4, 2))
+FUSED_TOL = (1e-5, 1e-6)  # rtol, atol against fp64: on-chip buffers in fp32 pass too
+
+
+def _fused_traffic(N_q, N_k, d, block_m, block_n) -> tuple[dict, dict]:
+    """The model's reads and writes, in elements: FlashAttention-2's (``flash_v2_io``) without
+    the log-sum-exp, which this forward-only kernel does not keep."""
+    model = flash_v2_io(N_q, N_k, d, block_m, block_n)
+    return dict(model["reads"]), {"O": model["writes"]["O"]}
+
+
+def _fused_output_diagnosis(q, k, v, got, block_m, block_n) -> str:
+    """What a wrong O says about the loop: rows never written, keys left out, no 1/√d."""
+    N_q, d = q.shape
+    N_k = k.shape[0]
+    want = attention(q[None, None], k[None, None], v[None, None])[0, 0]
+    full = N_q // block_m * block_m
+    blocks = (f"N_q = {N_q} is {N_q // block_m} block{'s' * (N_q // block_m != 1)} of "
+              f"{block_m} rows and one of {N_q - full}")
+    if N_q % block_m and got.shape == want.shape and \
+            _compare(got[:full].numpy(), want[:full].numpy(), *FUSED_TOL) is None:
+        right = f"rows 0 to {full - 1} are right, " if full else "no row is right: "
+        return (f"{right}the last {N_q - full} are not: the ragged last block of query rows "
+                f"was left out ({blocks}).")
+    if N_q % block_m and got.shape == (full, d):
+        return (f"O has {full} rows, not {N_q}: the ragged last block of query rows was left "
+                f"out ({blocks}).")
+    keys = N_k // block_n * block_n
+    if N_k % block_n and keys and got.shape == want.shape:
+        short = attention(q[None, None], k[None, None, :keys], v[None, None, :keys])[0, 0]
+        if _compare(got.numpy(), short.numpy(), *FUSED_TOL) is None:
+            return (f"O is attention over the first {keys} keys only: the ragged last block "
+                    f"of keys was left out (N_k = {N_k} is {N_k // block_n} blocks of "
+                    f"{block_n} keys and one of {N_k - keys}).")
+    if got.shape == want.shape:
+        plain = attention(q[None, None], k[None, None], v[None, None], sm_scale=1.0)[0, 0]
+        if _compare(got.numpy(), plain.numpy(), *FUSED_TOL) is None:
+            return "O is softmax(QKᵀ)V without the 1/√d: scale the scores by sm_scale."
+    return ""
+
+
+def _times(n: int, unit: int) -> str:
+    return f"{n / unit:.4g}×" if unit else str(n)
+
+
+def _fused_traffic_diagnosis(reads, writes, N_q, N_k, d, block_m, block_n) -> list[str]:
+    """What a right O with the wrong counts says about the loop, one line per finding."""
+    T_r, T_c = math.ceil(N_q / block_m), math.ceil(N_k / block_n)
+    if not reads and not writes:
+        return ["nothing was reported to hbm: call hbm.read at every load from HBM and "
+                "hbm.write at every store to it."]
+    found = []
+    extra = {f"{kind} {name}": n for kind, counts, allowed in
+             (("read", reads, ("Q", "K", "V")), ("wrote", writes, ("O",)))
+             for name, n in counts.items() if name not in allowed and n}
+    if extra:
+        scores = {what: n for what, n in extra.items()
+                  if what.split()[1].upper().startswith(("S", "P")) or n % (N_q * N_k) == 0}
+        if scores:
+            listed = ", ".join(f"{w} {n}" for w, n in scores.items())
+            found.append(f"scores went through HBM ({listed}; N_q·N_k = {N_q * N_k}). In a "
+                         "fused kernel S and P stay on chip: their N_q·N_k term is exactly "
+                         "what fusing removes.")
+        others = {w: n for w, n in extra.items() if w not in scores}
+        if others:  # the counts of Q, K, V, O cannot be judged then
+            return found + [f"names the model does not know ({', '.join(others)}): report "
+                            "loads as Q, K, V and the store as O, the names of section 2."]
+    kv = N_k * d
+    wrong = [name for name in ("K", "V") if reads.get(name, 0) != T_r * kv]
+    same = len(wrong) == 2 and reads.get("K", 0) == reads.get("V", 0)
+    for name in (["K and V"] if same else wrong):
+        got, were, them = (reads.get(name[0], 0), "were" if same else "was",
+                           "them" if same else "it")
+        if got == N_q * kv and N_q != T_r:
+            found.append(f"{name} {were} loaded once per query row ({N_q} times), not once per "
+                         f"block of block_m = {block_m} rows ({T_r} times): a block's rows "
+                         "share one load of each K_j and V_j.")
+        elif got == kv and T_r > 1:
+            found.append(f"{name} {were} loaded once in all, before the loop over query "
+                         "blocks. On a GPU each block of query rows is a program with its own "
+                         f"SRAM, so every block loads {them} itself: {T_r} times here.")
+        else:
+            found.append(f"{name} {were} read {_times(got, kv)} (N_k·d = {kv} elements), not "
+                         f"{T_r}×: once per block of query rows.")
+    got = reads.get("Q", 0)
+    if got != N_q * d:
+        if T_c > 1 and got in (T_c * N_q * d, 2 * T_c * N_q * d):
+            found.append(f"Q was read {_times(got, N_q * d)}: Q_i was loaded in every key step. "
+                         "Load it once per block of query rows, before the key loop.")
+        elif T_r > 1 and got == T_r * N_q * d:
+            found.append(f"Q was read {T_r}×: every block reported all of Q, not its own rows "
+                         "Q_i. Report the block you load.")
+        else:
+            found.append(f"Q was read {_times(got, N_q * d)} (N_q·d = {N_q * d} elements), "
+                         "not once: each block loads its own rows of Q, once.")
+    got = writes.get("O", 0)
+    if got != N_q * d:
+        if T_c > 1 and got == T_c * N_q * d:
+            found.append(f"O was written {T_c}×: O_i was stored in every key step. Store it once, "
+                         "after the loop over V.")
+        else:
+            found.append(f"O was written {_times(got, N_q * d)} (N_q·d = {N_q * d} elements), "
+                         "not once: each block stores its rows of O once.")
+    return found
+
+
+def _counts(counts: dict) -> str:
+    return ", ".join(f"{name} {n}" for name, n in sorted(counts.items()) if n) or "nothing"
+
+
+def check_fused_attention(student, show: bool = True) -> Result:
+    """``student(q, k, v, hbm, block_m, block_n)``: O must equal ``reference.attention`` (fp64),
+    and the loads and stores it reports to ``hbm`` must be the fused kernel's."""
+    name = "fused_attention"
+    gen = torch.Generator().manual_seed(4)
+
+    def fail(why: str, found=()) -> Result:
+        if found:  # a diagnosis says what is wrong; the ladder has more
+            why += "".join(f"\n  Diagnosis: {f}" for f in found) + \
+                f"\n  More: hint('{name}')."
+        else:
+            why += _nudge(name, FUSED_HINTS, why, FUSED_NUDGES)
+        return _report(Result(name, False, why), show)
+
+    for n, (N_q, N_k, d, block_m, block_n) in enumerate(FUSED_CASES):
+        q, k, v = (torch.randn(rows, d, generator=gen, dtype=torch.float64)
+                   for rows in (N_q, N_k, N_k))
+        hbm = HBMCounter()
+        where = (f"case {n} (N_q = {N_q}, N_k = {N_k}, d = {d}, block_m = {block_m}, "
+                 f"block_n = {block_n})")
+        try:
+            got = student(q.clone(), k.clone(), v.clone(), hbm, block_m, block_n)
+        except NotImplementedError:
+            return _report(Result(name, False, TODO, "todo"), show)
+        except Exception as exc:  # a student's bug is a message, not a crash
+            return fail(f"{where} raised {type(exc).__name__}: {exc}")
+        if got is None:
+            return _report(Result(name, False, TODO + " (it returns None: return O)", "todo"),
+                           show)
+        got = torch.as_tensor(got).detach().double()
+        want = attention(q[None, None], k[None, None], v[None, None])[0, 0]   # (N_q, d)
+        why = _compare(got.numpy(), want.numpy(), *FUSED_TOL)
+        if why:
+            seen = _fused_output_diagnosis(q, k, v, got, block_m, block_n)
+            return fail(f"{where}: O differs from attention(q, k, v): {why}",
+                        [seen] if seen else ())
+        reads = {k_: n_ for k_, n_ in hbm.reads.items() if n_}
+        writes = {k_: n_ for k_, n_ in hbm.writes.items() if n_}
+        want_reads, want_writes = _fused_traffic(N_q, N_k, d, block_m, block_n)
+        if (reads, writes) != (want_reads, want_writes):
+            T_r = math.ceil(N_q / block_m)
+            return fail(f"{where}: O is right, but the traffic is not the fused kernel's "
+                        f"(elements):\n    yours: reads {_counts(reads)}; writes "
+                        f"{_counts(writes)}\n    model: reads {_counts(want_reads)}; writes "
+                        f"{_counts(want_writes)} (Q read and O written once, K and V read "
+                        f"T_r = ⌈N_q/block_m⌉ = {T_r} times)",
+                        _fused_traffic_diagnosis(reads, writes, N_q, N_k, d, block_m, block_n))
+    return _report(Result(name, True, f"all {len(FUSED_CASES)} cases: O = attention(q, k, v), "
+                                      "and every load and store is the fused kernel's"), show)
+
+
+register(Exercise(
+    name="fused_attention", lesson="04_attention_io", kind="python",
+    writes="one head as a fused loop: S and P on chip, each load and store counted", lines=16,
+    check=check_fused_attention, solution=fused_attention_solution, stub=fused_attention,
+    mistakes=(Mistake("S written to HBM block by block", _fused_variant(store_s=True),
+                      "stay on chip"),
+              Mistake("K and V loaded once per query row, not per block",
+                      _fused_variant(kv_per_row=True), "once per query row"),
+              Mistake("K and V loaded once, before the loop over query blocks",
+                      _fused_variant(kv_once=True), "once in all"),
+              Mistake("Q_i loaded inside the key loop", _fused_variant(q_per_step=True),
+                      "loaded in every key step"),
+              Mistake("O_i stored after every key block", _fused_variant(o_per_step=True),
+                      "stored in every key step"),
+              Mistake("the ragged last block of rows dropped (range(N_q // block_m))",
+                      _fused_variant(drop_rows=True), "ragged last block of query rows"),
+              Mistake("the ragged last block of keys dropped", _fused_variant(drop_keys=True),
+                      "ragged last block of keys"),
+              Mistake("the scores not scaled by 1/√d", _fused_variant(scaled=False),
+                      "without the 1/√d")),
+    hints=FUSED_HINTS))
 
 
 # --- 05: one step of 1-pass attention ---------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Slide figures of deck 08 (the attention of open models): the window rule, block maps as a
+"""Slide figures of deck 08 (attention variants): the window rule, block maps as a
 build, the score changes, and the measured speed, forward and backward.
 
 Drawn for slides/08_variants.md at slide size (``slides_style``) from the same code and data as

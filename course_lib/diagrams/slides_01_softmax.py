@@ -143,7 +143,7 @@ def overflow():
     labelled."""
     from course_lib import softmax as sm
 
-    fig = slide_figure(1160, 300)
+    fig = slide_figure(1160, 262)
     ax = fig.subplots()
     z = np.random.default_rng(0).standard_normal(16)
     shifts = np.linspace(-120, 120, 241)

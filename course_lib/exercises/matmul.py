@@ -4,6 +4,11 @@ Lesson 02:
 
 * ``ridge_point`` (Python): the FLOPs per byte at which a GPU turns compute-bound, from its
   datasheet numbers; checked on every GPU of ``course_lib.hardware``;
+* ``linear_roofline`` (Python): a linear layer Y = X·Wᵀ of n tokens in fp16, counted by the
+  student (FLOPs, compulsory bytes) and placed on a GPU's roofline (time floor in µs, the
+  bound), against ``iomodel.matmul`` and ``roofline.classify``; a wrong answer is told which
+  slip it looks like (a unit prefix, the two times added or the shorter one taken, the bound
+  inverted, elements for bytes, one FLOP per multiply-add, the weights alone);
 * ``q02_qk_d128`` (question): where S = QKᵀ moves on the roofline when d doubles.
 
 Lesson 03:
@@ -108,6 +113,239 @@ register(Exercise(
               Mistake("FLOPs per fp16 element", _ridge_per_element, "values differ"),
               Mistake("TB/s as 10^9 bytes per second", _ridge_units, "values differ")),
     hints=RIDGE_HINTS))
+
+
+# ==============================================================================================
+# Lesson 02: a linear layer on the roofline, counted and timed by the student
+# ==============================================================================================
+
+def linear_roofline(n, d_in, d_out, peak_tflops, hbm_tbs):
+    # Y = X·Wᵀ in fp16: X is n × d_in (n tokens), W is d_out × d_in, Y is n × d_out.
+    # TODO: return (flops, bytes_moved, time_us, bound): the FLOPs of the product, its
+    # compulsory HBM traffic in bytes, its time floor in µs on a GPU of peak_tflops TFLOP/s
+    # and hbm_tbs TB/s, and "memory" or "compute", the ceiling that sets that floor
+    raise NotImplementedError
+
+
+def linear_roofline_solution(n, d_in, d_out, peak_tflops, hbm_tbs):
+    flops = 2 * n * d_out * d_in            # n·d_out dot products of d_in terms: a mul and an add
+    bytes_moved = 2 * (n * d_in + d_out * d_in + n * d_out)  # X, W read, Y written; 2 B each
+    compute_s = flops / (peak_tflops * 1e12)          # tera = 10^12, for FLOP/s and byte/s
+    memory_s = bytes_moved / (hbm_tbs * 1e12)
+    time_us = 1e6 * max(compute_s, memory_s)          # the two overlap: the longer one is left
+    bound = "compute" if compute_s >= memory_s else "memory"
+    return flops, bytes_moved, time_us, bound
+
+
+def _linear_as(n, d_in, d_out, peak_tflops, hbm_tbs, flops_per_term=2, bytes_per_el=2,
+               weights_only=False, flop_unit=1e12, byte_unit=1e12, combine=max, per_s=1e6,
+               inverted=False):
+    """``linear_roofline_solution`` with one thing done wrong (each keyword, one mistake)."""
+    flops = flops_per_term * n * d_out * d_in
+    elements = d_out * d_in if weights_only else n * d_in + d_out * d_in + n * d_out
+    bytes_moved = bytes_per_el * elements
+    compute_s = flops / (peak_tflops * flop_unit)
+    memory_s = bytes_moved / (hbm_tbs * byte_unit)
+    time_us = per_s * combine(compute_s, memory_s)
+    bound = "compute" if (compute_s >= memory_s) != inverted else "memory"
+    return flops, bytes_moved, time_us, bound
+
+
+def _linear_wrong(**slip):
+    return lambda *case: _linear_as(*case, **slip)
+
+
+def _linear_spec(n, d_in, d_out, peak_tflops, hbm_tbs):
+    """The library's numbers: ``iomodel.matmul``'s count of Y (n × d_out) = X (n × d_in) · Wᵀ
+    (d_in × d_out), placed on a GPU of these two ceilings by ``roofline.classify``."""
+    import dataclasses
+
+    from course_lib import roofline as rl
+    from course_lib.iomodel.matmul import matmul_compulsory_bytes, matmul_flops
+
+    gpu = dataclasses.replace(GPUS["H100-SXM"], name="a GPU", fp16_tensor_tflops=peak_tflops,
+                              hbm_tbs=hbm_tbs)
+    flops, nbytes = matmul_flops(n, d_out, d_in), matmul_compulsory_bytes(n, d_out, d_in)
+    row = rl.classify(gpu, [("linear layer", flops, nbytes)])[0]
+    return flops, nbytes, row["time_floor_us"], row["bound"]
+
+
+#: (n tokens, d_in, d_out, GPU): one decoding step, a 4096-token prompt through an MLP
+#: up-projection, and batches between; both sides of the ridge point, far from it and close
+_LINEAR_CASES = ((1, 4096, 4096, "H100-SXM"),      # memory-bound, far left of the ridge
+                 (4096, 4096, 14336, "H100-SXM"),  # compute-bound, far right
+                 (128, 4096, 4096, "A100-80GB"),   # memory-bound, just left of the ridge
+                 (256, 4096, 4096, "H200"),        # compute-bound, just right of it
+                 (64, 8192, 1024, "L4"))           # d_in ≠ d_out, memory-bound
+LINEAR_OUTPUTS = ("flops", "bytes_moved", "time_us", "bound")
+
+
+def _linear_cases():
+    return [(n, d_in, d_out, GPUS[k].fp16_tensor_tflops, GPUS[k].hbm_tbs)
+            for n, d_in, d_out, k in _LINEAR_CASES]
+
+
+def _describe_linear(case) -> str:
+    n, d_in, d_out, peak, bw = case
+    key = next(k for k, g in GPUS.items() if (g.fp16_tensor_tflops, g.hbm_tbs) == (peak, bw))
+    return (f"n = {n}, d_in = {d_in}, d_out = {d_out} on the {key}: {peak:g} TFLOP/s, "
+            f"{bw:g} TB/s")
+
+
+LINEAR_HINTS = (
+    "count from the definition: Y[i, j] = Σ_k X[i, k]·W[j, k]. How many entries has Y, how many "
+    "terms has each sum, and how many FLOPs is one term? For the bytes: how many elements has "
+    "each matrix that must cross HBM, and how many bytes is one fp16 element?",
+    "two times: the FLOPs alone at the compute ceiling, and the bytes alone at the bandwidth "
+    "ceiling. peak_tflops counts 10^12 FLOPs a second and hbm_tbs 10^12 bytes a second; work "
+    "in seconds, then convert (1 s = 10^6 µs).",
+    "the GPU computes while it moves the next bytes, so the two times overlap: the floor is the "
+    "longer one, and the longer one names the bound.",
+)
+LINEAR_NUDGES = {  # the first key found in the message picks the nudge
+    "return four values": "end with the four in this order: return flops, bytes_moved, "
+                          "time_us, bound.",
+    "return the string": "bound is the bare word, in lower case: \"memory\" or \"compute\" "
+                         "(the figure after the check colours each point by it).",
+    "flops:": LINEAR_HINTS[0],
+    "bytes_moved:": LINEAR_HINTS[0],
+    "time_us:": LINEAR_HINTS[1],
+    "bound:": LINEAR_HINTS[2],
+}
+
+_LINEAR_TIME_SLIPS = (
+    ("the two times added, not the larger one taken",
+     lambda c, m: c + m,
+     "the tensor cores compute while the memory streams the next bytes, so the two times "
+     "overlap: the floor is the longer one, and the shorter hides under it."),
+    ("the shorter of the two times",
+     lambda c, m: min(c, m),
+     "the roofline takes the smaller of two *speeds*, the lower ceiling. In time that is the "
+     "longer of the two: the layer cannot finish before its bytes have moved, nor before its "
+     "FLOPs are done."),
+    ("TFLOP/s used as FLOP/s",
+     lambda c, m: max(c * 1e12, m),
+     "peak_tflops counts 10^12 FLOPs a second; FLOPs divided by the bare number give a "
+     "compute time 10^12 times too long."),
+    ("TB/s read as GB/s",
+     lambda c, m: max(c, m * 1e3),
+     "hbm_tbs counts 10^12 bytes a second, not 10^9; the memory time came out 1000 times too "
+     "long."),
+    ("the time in seconds, not µs",
+     lambda c, m: max(c, m) * 1e-6,
+     "time_us is in microseconds: 1 s = 10^6 µs."),
+)
+
+
+def _diagnose_linear(output: str, case, got, want) -> str | None:
+    """What the first output that differs looks like: a registered mistake, in words."""
+    n, d_in, d_out, peak, bw = case
+    i = LINEAR_OUTPUTS.index(output)
+    if output != "bound":
+        try:
+            g, w = float(got[i]), float(want[i])
+        except (TypeError, ValueError):
+            return None
+    if output == "flops" and np.isclose(g, w / 2, rtol=1e-9):
+        return ("a multiply-add counted as one FLOP: each term X[i, k]·W[j, k] of a sum is a "
+                "multiply and an add, 2 FLOPs (the lesson's n × n matmul does 2n³).")
+    if output == "bytes_moved":
+        if np.isclose(g, w / 2, rtol=1e-9):
+            return "bytes counted as elements: every fp16 number is 2 bytes."
+        if np.isclose(g, 2 * d_out * d_in, rtol=1e-9):
+            return ("only the weights counted: W is the largest matrix when n is small, but X "
+                    "is read and Y written too, and with many tokens they are not small.")
+    if output == "time_us":
+        compute_s, memory_s = want[0] / (peak * 1e12), want[1] / (bw * 1e12)
+        for label, slip, why in _LINEAR_TIME_SLIPS:
+            if np.isclose(g, 1e6 * slip(compute_s, memory_s), rtol=1e-6):
+                return f"{label}: {why}"
+        k = np.log10(g / w) if math.isfinite(g) and g > 0 else None
+        if k is not None and abs(k - round(k)) < 1e-6 and round(k):
+            return (f"yours is 10^{round(k)} times the floor: a unit slipped (tera = 10^12, for "
+                    "FLOP/s and for byte/s alike; 1 s = 10^6 µs).")
+    if output == "bound" and {str(got[3]), want[3]} == {"memory", "compute"}:
+        longer = "memory" if want[3] == "memory" else "compute"
+        return (f"the bound the wrong way round: here the {longer} time is the longer one, so "
+                f"the layer is {longer}-bound. The longer time sets the floor and names the "
+                "bound (by intensity: below the ridge point is memory-bound).")
+    return None
+
+
+def _linear_differs(output: str, g, w) -> str | None:
+    if output == "bound":
+        if g == w:
+            return None
+        if str(g) not in ("memory", "compute"):
+            return f"bound: yours {g!r}; return the string \"memory\" or \"compute\""
+        return f"bound: yours {g!r}, expected {w!r}"
+    try:
+        gf = float(g)
+    except (TypeError, ValueError):
+        return f"{output}: expected a number, got {g!r}"
+    if np.isclose(gf, w, rtol=1e-6, atol=0.0):
+        return None
+
+    def shown(x: float) -> str:  # a count as a whole number, a time to 6 digits
+        whole = output != "time_us" and math.isfinite(x) and x == int(x)
+        return f"{x:,.0f}" if whole else f"{x:.6g}"
+
+    return f"{output}: yours {shown(gf)}, expected {shown(w)}"
+
+
+def check_linear_roofline(student, show: bool = True) -> Result:
+    """``student(n, d_in, d_out, peak_tflops, hbm_tbs) -> (flops, bytes_moved, time_us,
+    bound)`` of Y = X·Wᵀ in fp16, against ``iomodel.matmul`` and ``roofline.classify``: one
+    token and many, both sides of the ridge, four GPUs of the table. A failure names the output
+    that differs and what it looks like."""
+    from course_lib.exercises.diagnose import diagnosed
+
+    name = "linear_roofline"
+
+    def fail(message: str, what: str | None = None) -> Result:
+        return diagnosed(name, Result(name, False, message), lambda _: what, LINEAR_HINTS,
+                         LINEAR_NUDGES, show)
+
+    for n, case in enumerate(_linear_cases()):
+        where = f"case {n} ({_describe_linear(case)})"
+        try:
+            got = student(*case)
+        except NotImplementedError:
+            return _report(Result(name, False, TODO, "todo"), show)
+        except Exception as exc:  # a student's bug is a message, not a crash
+            return fail(f"{where} raised {type(exc).__name__}: {exc}")
+        if got is None:
+            if n == 0:
+                return _report(Result(name, False, TODO + " (it returns None)", "todo"), show)
+            return fail(f"{where} returned None")
+        if not isinstance(got, (tuple, list)) or len(got) != len(LINEAR_OUTPUTS):
+            return fail(f"{where}: return four values, (flops, bytes_moved, time_us, bound); "
+                        f"got {got!r}")
+        want = _linear_spec(*case)
+        for output, g, w in zip(LINEAR_OUTPUTS, got, want):
+            why = _linear_differs(output, g, w)
+            if why:
+                return fail(f"{where}: {why}", _diagnose_linear(output, case, got, want))
+    return _report(Result(name, True, f"all {len(_LINEAR_CASES)} cases match: the counts, the "
+                                      "time floors and the bounds"), show)
+
+
+register(Exercise(
+    name="linear_roofline", lesson="02_gpu_memory", kind="python",
+    writes="a linear layer's FLOPs and bytes, counted, and its time floor and bound on a GPU",
+    lines=6, check=check_linear_roofline, solution=linear_roofline_solution,
+    stub=linear_roofline,
+    mistakes=tuple(Mistake(label, _linear_wrong(**slip), label) for label, slip in (
+        ("TFLOP/s used as FLOP/s", {"flop_unit": 1}),
+        ("TB/s read as GB/s", {"byte_unit": 1e9}),
+        ("the two times added, not the larger one taken", {"combine": lambda c, m: c + m}),
+        ("the shorter of the two times", {"combine": min}),
+        ("the time in seconds, not µs", {"per_s": 1}),
+        ("the bound the wrong way round", {"inverted": True}),
+        ("bytes counted as elements", {"bytes_per_el": 1}),
+        ("only the weights counted", {"weights_only": True}),
+        ("a multiply-add counted as one FLOP", {"flops_per_term": 1}))),
+    hints=LINEAR_HINTS))
 
 
 def _qk_intensity(N: int, d: int, H: int) -> float:

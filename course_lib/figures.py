@@ -50,6 +50,7 @@ from pathlib import Path
 import matplotlib
 import matplotlib.pyplot as plt
 from matplotlib import ft2font
+from matplotlib.ticker import Formatter
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = ROOT / "images"
@@ -178,6 +179,30 @@ def has_cjk_font() -> bool:
     return _CJK[0]
 
 
+class _Translated(Formatter):
+    """A tick formatter whose labels go through ``table`` (the Chinese twins' tick labels)."""
+
+    def __init__(self, inner, table: dict):
+        self.inner, self.table = inner, table
+
+    def set_axis(self, axis):
+        super().set_axis(axis)
+        self.inner.set_axis(axis)
+
+    def set_locs(self, locs):
+        self.inner.set_locs(locs)
+
+    def __call__(self, x, pos=None):
+        s = self.inner(x, pos)
+        return self.table.get(s, s)
+
+    def format_ticks(self, values):
+        return [self.table.get(s, s) for s in self.inner.format_ticks(values)]
+
+    def get_offset(self):
+        return self.inner.get_offset()
+
+
 def localized(fn, table: dict):
     """``fn`` drawing in Chinese: every text of its figure that ``table`` translates, translated,
     in ``ZH_FONTS``. Returns None (skipped) where no CJK font is installed."""
@@ -194,6 +219,12 @@ def localized(fn, table: dict):
             if s in table:
                 text.set_text(table[s])
             text.set_fontfamily(ZH_FONTS)
+        # Tick labels are written by the axis's formatters at draw time, over the texts above:
+        # translate what the formatters return.
+        for ax in fig.axes:
+            for axis in (ax.xaxis, ax.yaxis):
+                axis.set_major_formatter(_Translated(axis.get_major_formatter(), table))
+                axis.set_minor_formatter(_Translated(axis.get_minor_formatter(), table))
         return fig
     draw_zh.__name__ = f"{getattr(fn, '__name__', 'figure')}_zh"
     return draw_zh

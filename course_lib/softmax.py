@@ -16,7 +16,7 @@ function               passes  per row
 ``naive_softmax``      2       d = Σ e^{x_j};  y_i = e^{x_i} / d
 ``safe_softmax``       3       m = max x;  d = Σ e^{x_j − m};  y_i = e^{x_i − m} / d
 ``online_softmax``     2       (m, d) in one pass with the rescale d·e^{m_old − m_new}; output
-``blocked_online_...`` 2       each block's (m, d) on its own, merged with ``merge_md``; output
+``blocked_online_...`` 2       each block's (m, d) on its own (``tile_md``), merged with ⊕; output
 ``fused_softmax``      1       the whole row held on chip: read once, write once
 =====================  ======  ==========================================================
 
@@ -38,7 +38,8 @@ import numpy as np
 
 __all__ = [
     "naive_softmax", "safe_softmax", "online_softmax", "blocked_online_softmax",
-    "fused_softmax", "online_update", "merge_md", "online_md", "block_md", "reduce_md",
+    "fused_softmax", "online_update", "merge_md", "online_md", "tile_md", "block_md",
+    "reduce_md",
     "max_pass", "sum_exp_pass", "output_pass", "logsumexp", "naive_logsumexp", "exp_limits",
     "FIGURES",
 ]
@@ -184,13 +185,23 @@ def merge_md(m1, d1, m2, d2):
     return m, d
 
 
+def tile_md(tile):
+    """(m, d) of one block held whole, every row on its own: m = max, d = Σ e^{x − m}.
+
+    What a kernel does with a tile it has loaded: a max, an exp and a sum over the last axis.
+    A block that is entirely -inf gives the empty state (-inf, 0). Returns two arrays of shape
+    tile.shape[:-1] (scalars for one row).
+    """
+    tile = _as_float(tile)
+    m = np.max(tile, axis=-1)                                   # (...)
+    e = np.exp(tile - _without_neg_inf(m)[..., None])           # (..., B)
+    return m, np.sum(e, axis=-1)                                # (...), (...)
+
+
 def _block_stats(x, block_size):
     """Yield (m, d) of each block of ``block_size`` elements along the last axis, in order."""
     for lo in range(0, x.shape[-1], block_size):
-        tile = x[..., lo:lo + block_size]                       # (..., B)
-        m_b = np.max(tile, axis=-1)                             # (...)
-        e = np.exp(tile - _without_neg_inf(m_b)[..., None])     # (..., B)
-        yield m_b, np.sum(e, axis=-1)                           # (...), (...)
+        yield tile_md(x[..., lo:lo + block_size])               # (..., B) -> (...), (...)
 
 
 def block_md(x, block_size):
@@ -317,34 +328,103 @@ def exp_limits(dtype) -> dict:
 ROUNDING_ULPS = 32
 
 
+#: What e^x is in each region of x, left to right, and its colour in the overflow figure.
+EXP_REGIONS = (("0 (underflow)", "#9ecae1"), ("subnormal", "#fdae6b"), ("normal", "#c7e9c0"),
+               ("inf (overflow)", "#fb6a4a"))
+
+
+def _exp_regions(dtype) -> list[tuple[float, float, str]]:
+    """[(x from, x to, region)] of e^x in ``dtype``, from the measured ``exp_limits``."""
+    lim = exp_limits(dtype)
+    edges = (-np.inf, lim["zero_below"], lim["subnormal_below"], lim["overflow_above"], np.inf)
+    return [(lo, hi, name) for lo, hi, (name, _) in zip(edges, edges[1:], EXP_REGIONS)]
+
+
+def _exp_bands(fig, box, dtypes, fontsize):
+    """Per dtype a band along x coloured by what e^x is there: 0, subnormal, normal, inf, each
+    boundary labelled by its value. The x axis is broken in three, one scale throughout:
+    float64's underflow, the middle (float16's and float32's limits, the right panel's shifts),
+    float64's overflow."""
+    from matplotlib.patches import Patch, Rectangle
+
+    lim64 = exp_limits(np.float64)
+    segments = ((10 * np.floor(lim64["zero_below"] / 10) - 50,
+                 10 * np.ceil(lim64["subnormal_below"] / 10) + 40),
+                (-140.0, 130.0),
+                (10 * np.floor(lim64["overflow_above"] / 10) - 20,
+                 10 * np.ceil(lim64["overflow_above"] / 10) + 30))
+    left, bottom, width, height = box
+    gap = 0.012
+    units = sum(hi - lo for lo, hi in segments)
+    scale = (width - gap * (len(segments) - 1)) / units          # figure width per unit of x
+    axes, x0 = [], left
+    for lo, hi in segments:
+        ax = fig.add_axes([x0, bottom, scale * (hi - lo), height])
+        ax.set(xlim=(lo, hi), ylim=(-0.75, len(dtypes) - 0.35))
+        ax.set_yticks([])
+        ax.tick_params(labelsize=fontsize)
+        for side in ("left", "right", "top"):
+            ax.spines[side].set_visible(False)
+        axes.append(ax)
+        x0 += scale * (hi - lo) + gap
+    units_per_inch = 1 / (scale * fig.get_figwidth())
+    pad = 0.04 * units_per_inch                                  # a label's gap to its line
+    colors = dict(EXP_REGIONS)
+    for row, dtype in enumerate(dtypes):
+        y = len(dtypes) - 1 - row
+        regions = _exp_regions(dtype)
+        for ax, (lo, hi) in zip(axes, segments):
+            for a, b, name in regions:
+                a, b = max(a, lo), min(b, hi)
+                if a >= b:
+                    continue
+                ax.add_patch(Rectangle((a, y - 0.22), b - a, 0.44, facecolor=colors[name],
+                                       edgecolor="none"))
+                short = {"0 (underflow)": "0", "inf (overflow)": "inf"}.get(name, name)
+                if (b - a) / units_per_inch > 0.65 * fontsize / 72 * (len(short) + 1):  # fits
+                    ax.text((a + b) / 2, y, short, ha="center", va="center", fontsize=fontsize)
+        for (a, _, name), side in zip(regions[1:], ("right", "left", "left")):
+            ax = next(ax for ax, (lo, hi) in zip(axes, segments) if lo < a < hi)
+            ax.plot([a, a], [y - 0.3, y + 0.3], color="black", lw=1.2)
+            below = name == "inf (overflow)"
+            ax.text(a + (pad if side == "left" else -pad), y - 0.3 if below else y + 0.3,
+                    f"{a:.2f}".replace("-", "−"), ha=side, va="top" if below else "bottom",
+                    fontsize=fontsize)
+        axes[0].text(segments[0][0] - 2 * pad, y, np.dtype(dtype).name,
+                     ha="right", va="center", fontsize=fontsize + 1)
+    for ax, (lo, hi) in zip(axes, segments):
+        ax.set_xticks(np.arange(np.ceil(lo / 50) * 50, hi, 50))
+    for ax, nxt in zip(axes, axes[1:]):          # the breaks: // on the axis line
+        for a, x in ((ax, 1.0), (nxt, 0.0)):
+            a.plot([x - 0.012 / (a.get_position().width), x + 0.012 / (a.get_position().width)],
+                   [-0.03, 0.03], transform=a.transAxes, color="black", lw=1.2, clip_on=False)
+    mid = axes[1]
+    mid.set_xlabel("x   (the axis is broken at //)", fontsize=fontsize)
+    fig.text(left + width / 2, bottom + height + 0.13, "what e^x is in each dtype",
+             ha="center", va="bottom", fontsize=fontsize + 2)
+    fig.legend(handles=[Patch(facecolor=c, label=n) for n, c in EXP_REGIONS], ncol=4,
+               loc="lower center", bbox_to_anchor=(left + width / 2, bottom + height + 0.01),
+               fontsize=fontsize, frameon=False, handlelength=1.4, columnspacing=1.2)
+    return axes
+
+
 def overflow_figure():
-    """Left: e^x in float16/32/64 with the measured limits. Right: softmax error against a shift.
+    """Left: what e^x is (0, subnormal, normal, inf) along x, per dtype, at the measured limits.
+    Right: softmax error against a shift.
 
     Softmax does not change when a constant c is added to a row; naive softmax does: its error
     grows in the subnormal range and becomes NaN once e^x overflows (or all of it underflows).
     """
     import matplotlib.pyplot as plt
 
-    dtypes = ((np.float16, "C3", 1.2), (np.float32, "C0", 2.2), (np.float64, "C2", 4.0))
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 3.8), layout="constrained")
-    x = np.linspace(-130, 130, 5201)
-    for dtype, color, lw in reversed(dtypes):
-        with np.errstate(over="ignore", under="ignore"):
-            e = np.exp(x.astype(dtype)).astype(np.float64)
-        ok = np.isfinite(e) & (e > 0)
-        lim = exp_limits(dtype)
-        ax0.plot(x[ok], np.log10(e[ok]), color=color, lw=lw, alpha=0.8,
-                 label=f"{np.dtype(dtype).name}: inf above x = {lim['overflow_above']:.2f}")
-        for edge in (lim["overflow_above"], lim["zero_below"]):
-            if abs(edge) < 130:
-                ax0.axvline(edge, color=color, ls=":", lw=1)
-    ax0.set(xlabel="x", ylabel="log10 e^x  (where finite and > 0)", xlim=(-130, 130),
-            title="e^x: inf beyond the right dotted line, 0 beyond the left")
-    ax0.legend(loc="upper left", fontsize=8)
+    font = 11
+    fig = plt.figure(figsize=(13, 4.6))
+    _exp_bands(fig, (0.07, 0.15, 0.5, 0.62), (np.float16, np.float32, np.float64), font)
+    ax1 = fig.add_axes([0.655, 0.15, 0.34, 0.7])
 
     z = np.random.default_rng(0).standard_normal(16)
     shifts = np.linspace(-120, 120, 961)
-    for dtype, color, _ in dtypes[:2]:
+    for dtype, color in ((np.float16, "C3"), (np.float32, "C0")):
         for fn, ls, label in ((naive_softmax, "-", "naive"), (safe_softmax, "--", "safe")):
             errs = []
             for c in shifts:
@@ -362,14 +442,16 @@ def overflow_figure():
             broken = np.isnan(errs)
             ax1.plot(shifts[broken], np.full(broken.sum(), 3.0), "|", color=color, ms=6)
         ax1.axhline(bound, color=color, lw=0.8, ls=":")
-        ax1.text(-118, bound * 1.6, f"{np.dtype(dtype).name} rounding: ≤ {ROUNDING_ULPS} ε",
-                 color=color, fontsize=8)
+        ax1.text(-88, bound / 1.4, f"{np.dtype(dtype).name} rounding: ≤ {ROUNDING_ULPS} ε",
+                 color=color, fontsize=font - 1, va="top")     # below its line: nothing there
     ticks = [1e-6, 1e-4, 1e-2, 1.0, 3.0]
     ax1.set_yticks(ticks, [f"1e{round(np.log10(t))}" for t in ticks[:-1]] + ["NaN"])
-    ax1.set(xlabel="shift c added to every logit of a row", ylim=(1e-7, 10),
-            ylabel="max |error| against float64",
-            title="softmax(x + c) = softmax(x), but naive softmax breaks")
-    ax1.legend(loc="center left", fontsize=8)
+    ax1.set(ylim=(1e-7, 10))
+    ax1.set_xlabel("shift c added to every logit of a row", fontsize=font)
+    ax1.set_ylabel("max |error| against float64", fontsize=font)
+    ax1.set_title("softmax(x + c) = softmax(x), but naive softmax breaks", fontsize=font + 1)
+    ax1.tick_params(labelsize=font)
+    ax1.legend(loc="center", bbox_to_anchor=(0.45, 0.43), fontsize=font - 1)
     return fig
 
 

@@ -325,3 +325,47 @@ def test_unfinished_and_unguarded_exercises_get_hints(capsys):
     result = ex.check_merge(unguarded)
     assert not result and "masked entries" in result.message and "NaN" in result.message
     assert "np.where" in result.message and "hint('merge')" in result.message
+
+
+def test_tile_md_is_the_state_of_one_block():
+    x = np.random.default_rng(11).standard_normal((3, 10)) * 3
+    x[1] = -np.inf                                            # a block that is all masked
+    x[2, :4] = -np.inf
+    m, d = sm.tile_md(x)
+    m_b, d_b = sm.block_md(x, 10)
+    np.testing.assert_array_equal(m, m_b[:, 0])
+    np.testing.assert_array_equal(d, d_b[:, 0])
+    assert (m[1], d[1]) == (-np.inf, 0.0)                     # the empty state, not (-inf, 1)
+    assert sm.tile_md(np.array([-np.inf])) == (-np.inf, 0.0)
+
+
+def test_blocked_softmax_exercise_tests_the_loop_with_its_own_merge():
+    from course_lib.exercises import catalogue
+
+    e = catalogue()["blocked_softmax"]
+    assert ex.check_blocked_softmax(e.solution, show=False)
+
+    def from_first_block(x, B, merge):                        # no empty state: also right
+        m, d = sm.tile_md(x[..., :B])
+        for lo in range(B, x.shape[-1], B):
+            m, d = merge(m, d, *sm.tile_md(x[..., lo:lo + B]))
+        return np.exp(x - np.expand_dims(m, -1)) / np.expand_dims(d, -1)
+
+    assert ex.check_blocked_softmax(from_first_block, show=False)
+    # every registered mistake is told its own diagnosis, and no other mistake's, except that
+    # on a ragged row a loop stopping a block early merges the same blocks as one dropping the
+    # short last block (it has failed before, where B divides s, with its own diagnosis)
+    early = next(m for m in e.mistakes if "stops a block early" in m.label)
+    for mistake in e.mistakes:
+        message = e.check(mistake.answer, show=False).message
+        assert "Diagnosis" in message and mistake.label in message, (mistake.label, message)
+        others = [o for o in e.mistakes if o is not mistake and o.label in message]
+        allowed = [early] if "shorter last block dropped" in mistake.label else []
+        assert others == allowed, (mistake.label, [o.label for o in others])
+
+    def guarded(x, B, merge):                                 # 0 for a fully masked row
+        y = e.solution(x, B, merge)
+        return np.where(np.isnan(y), 0.0, y)
+
+    result = ex.check_blocked_softmax(guarded, show=False)
+    assert not result and "fully masked" in result.message and "NaN" in result.message

@@ -1,10 +1,13 @@
-"""Exercises of notebooks/01_softmax.ipynb (the online update, the merge ⊕ of (m, d) states)
-and notebooks/01b_softmax_numerics.ipynb (a stable log-sum-exp), and the think-question of 01.
+"""Exercises of notebooks/01_softmax.ipynb (the online update, the merge ⊕ of (m, d) states,
+blocked online softmax from block states and a merge) and notebooks/01b_softmax_numerics.ipynb
+(a stable log-sum-exp), and the think-question of 01.
 
-The specs are ``course_lib.softmax.online_update``, ``merge_md`` and ``logsumexp`` (tested in
-tests/test_softmax.py). Each checker runs ordinary inputs first, then masked ones (−∞ entries,
-rows that are masked so far or entirely), and picks its nudge by what went wrong: a NaN from
-−∞ − (−∞), Python's ``max`` on arrays, an output with a kept axis.
+The specs are ``course_lib.softmax.online_update``, ``merge_md``, ``blocked_online_softmax`` and
+``logsumexp`` (tested in tests/test_softmax.py). Each checker runs ordinary inputs first, then
+masked ones (−∞ entries, rows that are masked so far or entirely), and picks its nudge by what
+went wrong: a NaN from −∞ − (−∞), Python's ``max`` on arrays, an output with a kept axis.
+``blocked_softmax`` receives the merge as an argument: its checker passes the library's merge
+(counting the calls), so it tests the student's loop and not their merge.
 """
 from __future__ import annotations
 
@@ -27,6 +30,15 @@ def merge(m1, d1, m2, d2):
     raise NotImplementedError
 
 
+def blocked_softmax(x, B, merge):
+    """Softmax over the last axis of x, B elements at a time: each block's state (m, d) from
+    sm.tile_md, the states folded with merge, then the output pass with the row's state."""
+    # TODO: the empty state, one per row
+    # TODO: each block's state, folded in with merge (the last block may be shorter than B)
+    # TODO: the output pass y = e^(x − m) / d, with the merged state
+    raise NotImplementedError
+
+
 def logsumexp(x):
     # TODO: m + log Σ e^(x − m), over the last axis
     raise NotImplementedError
@@ -45,6 +57,17 @@ def _merge_solution(m1, d1, m2, d2):
     m_ref = np.where(m == -np.inf, 0.0, m)            # both parts empty: (−inf, 0), not NaN
     d = d1 * np.exp(m1 - m_ref) + d2 * np.exp(m2 - m_ref)
     return m, d
+
+
+def _blocked_softmax_solution(x, B, merge):
+    """Softmax over the last axis of x, B elements at a time: each block's state (m, d) from
+    sm.tile_md, the states folded with merge, then the output pass with the row's state."""
+    m = np.full(x.shape[:-1], -np.inf)                # the empty state (−∞, 0), one per row
+    d = np.zeros(x.shape[:-1])
+    for lo in range(0, x.shape[-1], B):               # the last block may be shorter than B
+        m_b, d_b = sm.tile_md(x[..., lo:lo + B])      # this block's state, on its own
+        m, d = merge(m, d, m_b, d_b)
+    return np.exp(x - m[..., None]) / d[..., None]    # every block with the row's m and d
 
 
 def _logsumexp_solution(x):
@@ -95,6 +118,63 @@ def _merge_python_max(m1, d1, m2, d2):
     return m, d1 * np.exp(m1 - m_ref) + d2 * np.exp(m2 - m_ref)
 
 
+def _blocked_ragged_dropped(x, B, merge):
+    m, d = np.full(x.shape[:-1], -np.inf), np.zeros(x.shape[:-1])
+    for k in range(x.shape[-1] // B):                 # whole blocks only: the tail is lost
+        m, d = merge(m, d, *sm.tile_md(x[..., k * B:(k + 1) * B]))
+    return np.exp(x - m[..., None]) / d[..., None]
+
+
+def _blocked_stops_early(x, B, merge):
+    m, d = np.full(x.shape[:-1], -np.inf), np.zeros(x.shape[:-1])
+    for lo in range(0, x.shape[-1] - B, B):          # stops one block early, ragged or not
+        m, d = merge(m, d, *sm.tile_md(x[..., lo:lo + B]))
+    return np.exp(x - m[..., None]) / d[..., None]
+
+
+def _blocked_rows_for_length(x, B, merge):
+    m, d = np.full(x.shape[:-1], -np.inf), np.zeros(x.shape[:-1])
+    for lo in range(0, len(x), B):                    # len(x): the number of rows, for 2-D x
+        m, d = merge(m, d, *sm.tile_md(x[..., lo:lo + B]))
+    return np.exp(x - m[..., None]) / d[..., None]
+
+
+def _blocked_own_d(x, B, merge):
+    m, d = np.full(x.shape[:-1], -np.inf), np.zeros(x.shape[:-1])
+    y = np.empty_like(x)
+    for lo in range(0, x.shape[-1], B):
+        m_b, d_b = sm.tile_md(x[..., lo:lo + B])
+        m, d = merge(m, d, m_b, d_b)                  # merged, then not used
+        y[..., lo:lo + B] = np.exp(x[..., lo:lo + B] - m_b[..., None]) / d_b[..., None]
+    return y
+
+
+def _blocked_last_m(x, B, merge):
+    m, d = np.full(x.shape[:-1], -np.inf), np.zeros(x.shape[:-1])
+    for lo in range(0, x.shape[-1], B):
+        m_b, d_b = sm.tile_md(x[..., lo:lo + B])
+        m, d = merge(m, d, m_b, d_b)
+    return np.exp(x - m_b[..., None]) / d[..., None]  # the last block's m, the row's d
+
+
+def _blocked_zero_state(x, B, merge):
+    m, d = np.zeros(x.shape[:-1]), np.zeros(x.shape[:-1])   # (0, 0): "an element 0, weight 0"
+    for lo in range(0, x.shape[-1], B):
+        m, d = merge(m, d, *sm.tile_md(x[..., lo:lo + B]))
+    return np.exp(x - m[..., None]) / d[..., None]
+
+
+def _blocked_not_broadcast(x, B, merge):
+    m, d = np.full(x.shape[:-1], -np.inf), np.zeros(x.shape[:-1])
+    for lo in range(0, x.shape[-1], B):
+        m, d = merge(m, d, *sm.tile_md(x[..., lo:lo + B]))
+    return np.exp(x - m) / d                          # m (rows,) against x (rows, s)
+
+
+def _blocked_library(x, B, merge):
+    return sm.blocked_online_softmax(x, B)            # right values, but the merge is unused
+
+
 def _lse_naive(x):
     return np.log(np.sum(np.exp(x), axis=-1))
 
@@ -138,6 +218,33 @@ MERGE_HINTS = (
     "merged one), then add them. The online update is the special case (m2, d2) = (x, 1).",
     MASK_NUDGE,
 )
+BLOCKED_HINTS = (
+    "start every row from the state of an empty part, (−∞, 0), one value per row (shape "
+    "x.shape[:-1]); then, block after block, merge the block's state into it with the merge "
+    "you are given. sm.tile_md(block) gives a block's state.",
+    "the blocks start at 0, B, 2B, … as long as the start is below the row length "
+    "x.shape[-1]. A slice x[..., lo:lo + B] stops at the end of the row by itself, so the "
+    "shorter last block needs nothing special: for s = 37 and B = 8 there are five blocks, the "
+    "last one of 5.",
+    "after the loop, (m, d) is the state of the whole row, and every output of every block "
+    "uses that m and that d: y = e^(x − m) / d. m and d hold one value per row, so give them a "
+    "last axis of length 1 ([..., None]) for x − m to subtract one m per row.",
+)
+MERGE_UNUSED_NUDGE = ("the checker passes its own merge as the argument merge, and counts the "
+                      "calls: fold the blocks' states with that function (the parameter), not "
+                      "with the library's blocked_online_softmax or merge_md.")
+BROADCAST_NUDGE = ("m and d hold one value per row, shape x.shape[:-1]; x has one more axis. "
+                   "Index them with [..., None] so that x − m subtracts each row's m from that "
+                   "row.")
+FULLY_MASKED_NUDGE = ("a fully masked row has no softmax: its state stays (−∞, 0) and the "
+                      "output is e^(−∞ − (−∞)) / 0, NaN, as torch.softmax gives (the lesson's "
+                      "convention). Leave the output pass unguarded: nothing to write for it.")
+
+
+class MergeUnused(Exception):
+    """The student's blocked_softmax never called the merge it was given."""
+
+
 LSE_HINTS = (
     "log Σ e^x overflows once one e^x does. Pull the row maximum out before exponentiating "
     "and put it back after the log, as lesson 01b, section 4 does.",
@@ -179,6 +286,54 @@ def _merge_cases():
             (NEG_INF, 0.0, NEG_INF, 0.0),                    # empty ⊕ empty: still empty
             (np.array([NEG_INF, 1.0]), np.array([0.0, 3.0]),
              np.array([NEG_INF, NEG_INF]), np.array([0.0, 0.0]))]
+
+
+def _blocked_cases():
+    rng = np.random.default_rng(4)
+    masked = rng.standard_normal((4, 20)) * 3
+    masked[0, :6] = NEG_INF                                  # the whole first block (B = 6)
+    masked[1, [2, 7, 8, 15]] = NEG_INF                       # scattered
+    masked[2, :14] = NEG_INF                                 # two blocks and a part of one
+    masked[3, -1] = NEG_INF                                  # the last entry
+    one_by_one = rng.standard_normal((2, 7)) * 3
+    one_by_one[0, :3] = NEG_INF                              # three empty blocks first
+    one_by_one[1, [1, 4]] = NEG_INF
+    fully = rng.standard_normal((3, 9)) * 3
+    fully[1] = NEG_INF                                       # a fully masked row: NaN
+    fully[2, 4:] = NEG_INF
+    far = rng.standard_normal((2, 10)) * 3 + [[800.0], [-800.0]]  # e^(x − 0) is inf, then 0
+    return [(rng.standard_normal(12) * 3, 4, sm.merge_md),   # one row, B divides s
+            (rng.standard_normal((4, 37)) * 3, 8, sm.merge_md),   # the last block of 5
+            (rng.standard_normal((3, 10)) * 3, 1, sm.merge_md),   # B = 1: the online update
+            (rng.standard_normal((3, 10)) * 3, 10, sm.merge_md),  # B = s: one block
+            (rng.standard_normal((3, 10)) * 3, 64, sm.merge_md),  # B > s: one short block
+            (masked, 6, sm.merge_md),
+            (one_by_one, 1, sm.merge_md),
+            (fully, 4, sm.merge_md),
+            (far, 4, sm.merge_md)]
+
+
+def _describe_blocked(args) -> str:
+    x, B, _ = args
+    s = x.shape[-1]
+    rows = "one row" if x.ndim == 1 else f"{int(np.prod(x.shape[:-1]))} rows"
+    n = -(-s // B)
+    blocks = ("every element its own block" if B == 1 else
+              "one block, shorter than B" if B > s else "one block" if B == s else
+              f"{n} blocks, the last one of {s - (n - 1) * B}" if s % B else
+              f"{n} blocks of {B}")
+    what = f"x of shape {x.shape} ({rows} of {s}), B = {B}: {blocks}"
+    neg = np.isneginf(x)
+    if neg.all(axis=-1).any():
+        what += "; masked entries (−∞), one row fully masked (its softmax is NaN)"
+    elif neg[..., :B].all(axis=-1).any():
+        what += "; masked entries (−∞), the whole first block of a row among them"
+    elif neg.any():
+        what += "; masked entries (−∞)"
+    top = np.max(x, axis=-1)
+    if ((top < -700) & (top > NEG_INF)).any():
+        what += "; one row's logits all near −800, another's near +800"
+    return what
 
 
 def _lse_cases():
@@ -224,6 +379,37 @@ def check_merge(student, show: bool = True) -> Result:
                      nudges={"NaN": MASK_NUDGE, "truth value": ARRAY_NUDGE})
 
 
+def _blocked_spec(x, B, merge):
+    return sm.blocked_online_softmax(x, B)
+
+
+def check_blocked_softmax(student, show: bool = True) -> Result:
+    """``student(x, B, merge) -> softmax(x)`` over the last axis, against
+    ``softmax.blocked_online_softmax``. The checker passes the library's merge (the student's
+    own is exercise 2's), counting its calls: a loop that never calls it is refused."""
+    def run(x, B, merge):
+        calls = []
+
+        def counted(*args):
+            calls.append(1)
+            return merge(*args)
+
+        y = student(x, B, counted)
+        n_blocks = -(-x.shape[-1] // B)
+        if y is not None and not calls and n_blocks > 1:
+            raise MergeUnused(f"your function never called the merge it was given ({n_blocks} "
+                              "blocks, 0 merges)")
+        return y
+
+    with np.errstate(all="ignore"):  # a fully masked row is 0/0 = NaN, by the convention
+        return check("blocked_softmax", run, _blocked_spec, _blocked_cases(),
+                     hints=BLOCKED_HINTS, rtol=1e-9, atol=1e-12, show=show,
+                     describe=_describe_blocked,
+                     nudges={"never called the merge": MERGE_UNUSED_NUDGE,
+                             "could not be broadcast": BROADCAST_NUDGE,
+                             "expected nan": FULLY_MASKED_NUDGE})
+
+
 def check_logsumexp(student, show: bool = True) -> Result:
     """``student(x) -> log Σ e^x`` over the last axis, against ``softmax.logsumexp``."""
     with np.errstate(all="ignore"):  # a naive attempt overflows: that is reported, not warned
@@ -251,6 +437,32 @@ register(Exercise(
               Mistake("no guard: empty ⊕ empty", _merge_unguarded, "NaN"),
               Mistake("Python's max on arrays", _merge_python_max, "truth value")),
     hints=MERGE_HINTS))
+
+register(Exercise(
+    name="blocked_softmax", lesson="01_softmax", kind="python",
+    writes="blocked online softmax: each block's (m, d) from tile_md, folded with a given "
+           "merge from the empty state, then the output pass", lines=6,
+    check=check_blocked_softmax, solution=_blocked_softmax_solution, stub=blocked_softmax,
+    mistakes=(Mistake("the shorter last block dropped: only the s // B whole blocks merged",
+                      _blocked_ragged_dropped, "the last one of"),
+              # on a ragged row the two loops merge the same blocks: a dropped short block is
+              # told both; a loop that stops early already fails where B divides s, alone
+              Mistake("the loop stops a block early, range(0, s − B, B): the last block is "
+                      "never merged, whole or short", _blocked_stops_early, "values differ"),
+              Mistake("the row length taken from len(x), which is the number of rows of a "
+                      "2-D x", _blocked_rows_for_length, "4 rows of 37"),
+              Mistake("each block normalised by its own (m, d), not by the merged state of "
+                      "the row", _blocked_own_d, "values differ"),
+              Mistake("the last block's m in the output pass, where the merged m belongs",
+                      _blocked_last_m, "values differ"),
+              Mistake("the fold started from (0, 0), not from the empty state (−∞, 0): when "
+                      "every logit is far below 0, m stays 0 and e^(x − 0) underflows to 0",
+                      _blocked_zero_state, "near −800"),
+              Mistake("m and d used without a last axis: x − m cannot subtract one m per "
+                      "row", _blocked_not_broadcast, "could not be broadcast"),
+              Mistake("the merge it was given never called (the library's "
+                      "blocked_online_softmax)", _blocked_library, "never called the merge")),
+    hints=BLOCKED_HINTS))
 
 register(Exercise(
     name="logsumexp", lesson="01b_softmax_numerics", kind="python",

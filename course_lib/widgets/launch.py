@@ -1,13 +1,19 @@
-"""Pictures of how a Triton launch covers its data: the 1-D launch of a vector kernel, a block of
-pointers walking along K in a tiled matmul, and the order in which programs take C's tiles.
+"""Pictures of how a Triton launch covers its data: the 1-D launch of a vector kernel, a 2-D
+block of offsets built by broadcasting and where it lands in flat memory, a block of pointers
+walking along K in a tiled matmul, and the order in which programs take C's tiles.
 
-Introduced in notebooks/00_setup.ipynb (``launch_1d_figure``) and notebooks/03_tiled_matmul.ipynb
-(``pointer_walk_figure``, ``program_order_figure``). Drawn for a slide: few cells, large labels.
+Introduced in notebooks/00_setup.ipynb (``launch_1d_figure``, ``offset_grid_figure``) and
+notebooks/03_tiled_matmul.ipynb (``offset_grid_figure``, ``offset_grid_transposed_figure``,
+``pointer_walk_figure``, ``program_order_figure``). Drawn for a slide: few cells, large labels.
 
 * ``draw_launch_1d(n_elements, block_size)``: the vector cut into blocks of BLOCK_SIZE, one
   program each, with each program's pid, its offsets ``pid·BLOCK_SIZE + tl.arange(0,
   BLOCK_SIZE)``, and the mask ``offsets < n_elements`` that switches off the lanes of the last
   block that lie past the end;
+* ``draw_offset_grid(tile, strides, shape, view, base)``: the column ``offs_m[:, None] *
+  stride_m`` and the row ``offs_k[None, :] * stride_k`` around the grid of offsets they
+  broadcast to, and the storage as one line of cells with the tile's cells coloured by their
+  tile row: contiguous rows for a row-major matrix, rows spread out for a transposed view;
 * ``draw_pointer_walk(M, K, N, ...)``: the (BLOCK_M, BLOCK_K) block of pointers into A, built from
   ``offs_m[:, None]`` (a column) and ``offs_k[None, :]`` (a row), at each step of the K loop,
   and the (BLOCK_K, BLOCK_N) block into B walking down; lanes past K are masked;
@@ -180,6 +186,124 @@ def pointer_walk_figure():
     return draw_pointer_walk()
 
 
+def draw_offset_grid(tile: tuple[int, int] = (3, 4), strides: tuple[int, int] = (10, 1),
+                     shape: tuple[int, int] = (4, 10), view: str = "x", base: str = "x",
+                     fig=None):
+    """How a 2-D block of offsets is built, and where it lands in flat memory.
+
+    Top: the column ``offs_m[:, None] * stride_m`` and the row ``offs_k[None, :] * stride_k``
+    around the (tile_m, tile_k) grid they broadcast to, an addition table: each cell is its
+    column entry plus its row entry. Bottom: the storage of ``base`` as one line of cells,
+    0, 1, 2, …, the tile's cells coloured by the tile row they belong to; arcs above show one
+    step down a tile column (``stride_m``), arcs or a bracket below one row of the tile
+    (``stride_k``). ``view`` (of ``shape``) is what the kernel reads: ``base`` itself, or a
+    view of it such as its transpose, with the strides swapped.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch
+
+    tm, tk = tile
+    sm, sk = strides
+    storage = (shape[0] - 1) * sm + (shape[1] - 1) * sk + 1
+    offsets = [[i * sm + j * sk for j in range(tk)] for i in range(tm)]
+    if fig is None:
+        fig = plt.figure(figsize=(0.33 * storage + 0.6, 6.6))
+    ax = fig.add_axes([0, 0, 1, 1])
+    g = 2.0                                          # a grid cell, in memory cells
+    col_x, grid_x, grid_y = 9.0, 11.4, 5.2           # column vector, grid: left edges; bottom
+    top = grid_y + tm * g                            # the grid's top edge; the row sits above
+    row_y = top + 0.4
+
+    def colour(i):
+        return PROGRAM_COLORS[i % len(PROGRAM_COLORS)]
+
+    # the column vector, the row vector, and the grid they broadcast to
+    for i in range(tm):
+        y = top - (i + 1) * g
+        _cell(ax, col_x, y, g, g, color="0.92")
+        ax.text(col_x + g / 2, y + g / 2, str(i * sm), ha="center", va="center",
+                fontsize=FONT + 1)
+        for j in range(tk):
+            x = grid_x + j * g
+            _cell(ax, x, y, g, g, color=colour(i), alpha=0.45)
+            ax.text(x + g / 2, y + g / 2, str(offsets[i][j]), ha="center", va="center",
+                    fontsize=FONT + 2, weight="bold")
+    for j in range(tk):
+        _cell(ax, grid_x + j * g, row_y, g, g, color="0.92")
+        ax.text(grid_x + j * g + g / 2, row_y + g / 2, str(j * sk), ha="center", va="center",
+                fontsize=FONT + 1)
+    ax.text(col_x + g / 2, row_y + g / 2, "+", ha="center", va="center", fontsize=FONT + 10)
+    ax.text(col_x - 0.3, top - tm * g / 2, f"offs_m[:, None]\n* stride_m\n({tm}, 1)",
+            ha="right", va="center", fontsize=FONT, family="monospace", linespacing=1.4)
+    ax.text(grid_x + tk * g / 2, row_y + g + 0.3, f"offs_k[None, :] * stride_k   (1, {tk})",
+            ha="center", va="bottom", fontsize=FONT, family="monospace")
+    ax.text(grid_x + tk * g / 2, grid_y - 0.3, f"the sum: ({tm}, {tk}) offsets",
+            ha="center", va="top", fontsize=FONT)
+    shown = " × ".join(map(str, shape))
+    where = "row-major" if base == view else f"a view of {base}'s memory, no copy"
+    lines = (f"{view}: {shown}, {where}",
+             f"{view}.stride() = ({sm}, {sk})",
+             f"stride_m = {sm}: one row down",
+             f"stride_k = {sk}: one column right",
+             f"offs_m = {list(range(tm))},  offs_k = {list(range(tk))}",
+             "each cell = its column entry + its row entry")
+    for n, line in enumerate(lines):
+        ax.text(grid_x + tk * g + 1.6, top + g - 0.2 - n * 1.25, line, ha="left", va="top",
+                fontsize=FONT + (1 if n < 2 else 0),
+                family="monospace" if n in (1, 4) else None)
+
+    # flat memory: one line of cells, the tile's cells coloured by their tile row
+    row_of = {offsets[i][j]: i for i in range(tm) for j in range(tk)}
+    for o in range(storage):
+        inside = o in row_of
+        _cell(ax, o, 0, color=colour(row_of[o]) if inside else "white",
+              alpha=0.45 if inside else 1.0, edge="black" if inside else "0.55",
+              lw=1.2 if inside else 0.8)
+        ax.text(o + 0.5, 0.5, str(o), ha="center", va="center", fontsize=FONT - 2,
+                color="black" if inside else "0.45", weight="bold" if inside else "normal")
+    ax.text(0, 3.4, f"{base}'s memory: {storage} elements in one line, the tile's cells "
+            f"coloured by their row in the tile", ha="left", va="center", fontsize=FONT)
+
+    def arc(a, b, color, label, below=False, h=0.8):
+        """An arrow from cell a to cell b, bending h cells above the strip (or below)."""
+        y, sign = (-0.05, -1) if below else (1.05, 1)
+        ax.add_patch(FancyArrowPatch((a + 0.5, y), (b + 0.5, y), arrowstyle="-|>",
+                                     connectionstyle=f"arc3,rad={-sign * 2 * h / (b - a)}",
+                                     mutation_scale=14, lw=1.6, color=color))
+        ax.text((a + b) / 2 + 0.5, y + sign * (h + 0.1), label, ha="center",
+                va="top" if below else "bottom", fontsize=FONT - 2, color=color)
+
+    for i in range(tm - 1):                          # down a column of the tile: + stride_m
+        arc(offsets[i][0], offsets[i + 1][0], "black", f"+{sm}")
+    first = offsets[0]
+    if sk == 1:                                      # a row of the tile: neighbours
+        ax.plot([first[0] + 0.1, first[0] + 0.1, first[-1] + 0.9, first[-1] + 0.9],
+                [-0.15, -0.45, -0.45, -0.15], color=colour(0), lw=2)
+        ax.text(first[0] + 0.1, -0.7, f"row 0 of the tile: {tk} neighbours", ha="left",
+                va="top", fontsize=FONT - 1, color=colour(0), weight="bold")
+    else:                                            # a row of the tile: spread out
+        for a, b in zip(first, first[1:]):
+            arc(a, b, colour(0), f"+{sk}", below=True)
+        ax.text(first[-1] + 1.4, -0.5, f"row 0 of the tile:\n{tk} cells, {sk} apart",
+                ha="left", va="top", fontsize=FONT - 1, color=colour(0), weight="bold")
+    row = f"one run of {tk} neighbours" if sk == 1 else f"{tk} cells, {sk} apart"
+    ax.text(storage / 2, -2.3, f"a row of the tile is {row}; the next row starts "
+            f"stride_m = {sm} later", ha="center", va="center", fontsize=FONT)
+    ax.set(xlim=(-0.3, storage + 0.3), ylim=(-2.8, row_y + g + 1.4), aspect="equal")
+    _blank(ax)
+    return fig
+
+
+def offset_grid_figure():
+    """The static figure of lessons 00 and 03: a 3 × 4 tile of a row-major 4 × 10 matrix."""
+    return draw_offset_grid()
+
+
+def offset_grid_transposed_figure():
+    """The static figure of lesson 03: the same tile of the transposed view, strides (1, 10)."""
+    return draw_offset_grid(strides=(1, 10), shape=(10, 4), view="x.T", base="x")
+
+
 def draw_program_order(num_pid_m: int = 7, num_pid_n: int = 6, group_m: int = 3,
                        wave: int = 9, fig=None):
     """C's tiles numbered by the program that computes them: row-major against grouped order.
@@ -224,6 +348,8 @@ def program_order_figure():
 
 FIGURES = {
     "00_launch_1d": launch_1d_figure,
+    "00_offset_grid": offset_grid_figure,
     "03_pointer_walk": pointer_walk_figure,
+    "03_offset_grid_transposed": offset_grid_transposed_figure,
     "03_program_order": program_order_figure,
 }

@@ -53,6 +53,8 @@ LESSONS = (
     Lesson("13_paged_attention", "block tables, copy-on-write, waste simulation, paged decode",
            "07_decoding"),
     Lesson("14_llama_capstone", "the course kernels inside Hugging Face LLaMA", "07_decoding"),
+    Lesson("14a_capstone_measurements", "appendix: the capstone's measurements (the harness in "
+           "turns, the eager and compiled runs in full), printed from the stored runs", None),
     Lesson("15_attention_variants", "the attention of open models: sliding windows, softcap, "
            "ALiBi, sinks, packed sequences; each a block map plus a score change",
            "08_variants"),

@@ -276,6 +276,8 @@ def facts() -> dict[str, Fact]:
     hbm = {r["target"]: r for r in load_result("hbm")["rows"]}
     add("hbm_math_gb", f"{hbm['sdpa-MATH']['total_gb']:.1f} GB", "03_attention_io",
         "data/hbm.json: SDPA MATH, Nsight Compute")
+    add("hbm_math_over_model", f"{hbm['sdpa-MATH']['total_gb'] * 1e9 / pred['standard']:.1f}×",
+        "03_attention_io", "data/hbm.json: SDPA MATH / figure2_prediction: standard")
     add("hbm_v1_gb", f"{hbm['v1']['total_gb']:.2f} GB", "04_flash_v1 05_triton_flash",
         "data/hbm.json: v1")
     add("hbm_v1_x_min", f"{hbm['v1']['x minimum']:.1f}×",
@@ -359,12 +361,6 @@ def facts() -> dict[str, Fact]:
     probe = {(r["D"], r["causal"], r["N"]): r["results"] for r in load_probe()["rows"]}
     p = probe[(128, False, 16384)]
     probe1 = ("perf_notes.md:Forward, probe 1",)
-    add("probe1_128_portable", f"{p['v2-portable']['tflops']:.1f}", "05_triton_flash",
-        "probe 1, D 128, N 16k, portable", runs=probe1,
-        historical="deck 05: 'First run (old grid) ...; today ...'")
-    add("probe1_128_hopper", f"{p['v2-hopper']['tflops']:.1f}", "05_triton_flash",
-        "probe 1, D 128, N 16k, hopper", runs=probe1,
-        historical="deck 05: 'First run (old grid) ...; today ...'")
 
     # notebook 09 (Hopper): what each change bought, measured; deck 05 quotes some ----------
     nb09 = "nb:09_hopper"
@@ -625,6 +621,8 @@ def facts() -> dict[str, Fact]:
     from course_lib.hardware import get_gpu
     add("h100_fp16_tflops", f"{get_gpu('H100-SXM').fp16_tensor_tflops} TFLOP/s", "02_gpu_tiling",
         "hardware: the H100 SXM datasheet's dense fp16 tensor-core rate")
+    add("h100_smem_per_sm_kib", f"{get_gpu('H100-SXM').smem_per_sm_kib} KiB", "02_gpu_tiling",
+        "hardware: the H100 SXM's shared memory per SM (CUDA C++ Programming Guide)")
     bm, bn, bk, stages = 128, 256, 64, 3  # A's (BM, BK) and B's (BK, BN) fp16 tiles per stage
     add("tile_128x256x64_s3_kib", f"{(bm * bk + bk * bn) * 2 * stages // 1024} KiB",
         "02_gpu_tiling", "shared memory of a 128x256x64 fp16 tile, A and B, 3 stages")
@@ -1068,7 +1066,7 @@ def facts() -> dict[str, Fact]:
         add(f"disp_{key}", f"{disp[col]:.0f} µs", "nb:12_flash_decoding",
             f"data/dispatch.json host: {col}", runs=(f"dispatch.json:{col}",))
     cap = load_result("capstone_compiled")
-    add("cap_gpu", gpu_name(cap), "README nb:14_llama_capstone",
+    add("cap_gpu", gpu_name(cap), "README nb:14_llama_capstone nb:14a_capstone_measurements",
         "data/capstone_compiled.json environment")
     for row in cap["rows"]:
         n = row["prompt"]
@@ -1077,10 +1075,11 @@ def facts() -> dict[str, Fact]:
                 ours = row[f"{phase}_ms_{pre}course_kernels"]
                 sdpa = row[f"{phase}_ms_{pre}sdpa"]
                 add(f"cap_{mode}_{phase}_{n}", f"{ours:.2f} / {sdpa:.2f} ms",
-                        "README nb:14_llama_capstone",
+                    "README nb:14a_capstone_measurements"  # the lesson quotes decode at 512
+                    + (" nb:14_llama_capstone" if (phase, n) == ("decode", 512) else ""),
                     f"data/capstone_compiled.json prompt {n}: {mode} {phase}, ours / SDPA")
     for n, measure in ((2048, "prefill"), (512, "decode_compiled"), (2048, "decode_compiled")):
-        _pairs_fact(add, "capstone_compiled", cap, n, measure, "nb:14_llama_capstone")
+        _pairs_fact(add, "capstone_compiled", cap, n, measure, "nb:14a_capstone_measurements")
     return f
 
 

@@ -95,7 +95,8 @@ def lesson_words(md: list[str]) -> int:
     return words
 
 
-@pytest.mark.parametrize("stem", ["12_flash_decoding", "15_attention_variants"])
+@pytest.mark.parametrize("stem", ["12_flash_decoding", "14_llama_capstone",
+                                  "15_attention_variants"])
 def test_a_lesson_is_a_lesson_not_a_lab_notebook(stem):
     """At most 3,000 words; the record of measurements lives in the lesson's appendix notebook
     and in course_lib/data/perf_notes.md."""

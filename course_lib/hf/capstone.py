@@ -20,8 +20,8 @@ Compiled, with a static cache and the decode step as a CUDA graph
 (``time_compiled_decodes_in_turns``, ``time_prefills_in_turns`` with ``compiled=True``;
 course_lib/data/capstone_compiled.json, both sides in one run), a token takes a fraction of its
 eager time on both sides (2.42 against 2.66 ms at a 512-token prompt, 3.19 against 3.81 ms at
-2048); notebooks/14_llama_capstone.ipynb, section 7, gives every number, generated from that
-file.
+2048); notebooks/14_llama_capstone.ipynb, section 7, shows the result, and its appendix
+notebooks/14a_capstone_measurements.ipynb every number, generated from that file.
 """
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ Drawn for slides/07_decoding.md at slide size (``slides_style``) from the same c
 notebooks 11 to 13: ``iomodel.decode`` (published model shapes, program counts),
 ``widgets.split_kv.split_kv`` (the notebook's stepper over one row's split-KV and merge, one
 step per slide), the H100's drop-in run course_lib/data/dropin.json (``analysis.decode``),
-``kvcache.simulate_serving`` and ``unified_max.fallback_rate``.
+``kvcache.simulate_serving``, notebook 13's block-table picture (``diagrams.paged``, all three
+states over two slides) and ``unified_max.fallback_rate``.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def kv_per_token():
     names = list(MODELS)
     pub = [kv_bytes_per_token(MODELS[n]) / 1e6 for n in names]
     mha = [kv_bytes_per_token(MODELS[n], n_kv_heads=MODELS[n].n_heads) / 1e6 for n in names]
-    fig = slide_figure(1160, 380)
+    fig = slide_figure(1160, 270)
     ax = fig.subplots()
     y = np.arange(len(names))
     ax.barh(y - 0.2, pub, 0.4, color=C_OLD, label="as published")
@@ -112,25 +113,7 @@ def split_step(step: int):
         return fig
     x = np.arange(S)
     if step == 2:
-        ax.bar(x - 0.2, r.lse, 0.4, color=SPLIT_COLORS[:S], alpha=0.45, hatch="//",
-               edgecolor=SPLIT_COLORS[:S], label="lse_s (left axis)")
-        for xi, v in zip(x, r.lse):
-            ax.text(xi - 0.2, v + 0.05, f"{v:.2f}", ha="center", fontsize=MIN_PT)
-        ax.axhline(r.merged_lse, color="k", ls="--", lw=2)
-        ax.text(S - 0.5, r.merged_lse + 0.05, f"lse = {r.merged_lse:.2f}", ha="right",
-                va="bottom", fontsize=LABEL_PT)
-        ax.set_xticks(x, [f"split {i}" for i in x])
-        ax.set(ylabel="lse_s", ylim=(0, max(r.lse.max(), r.merged_lse) * 1.3))
-        style_axes(ax, grid=False)
-        ax2 = ax.twinx()
-        ax2.bar(x + 0.2, r.weights, 0.4, color=SPLIT_COLORS[:S])
-        for xi, w in zip(x, r.weights):
-            ax2.text(xi + 0.2, w + 0.02, f"{w:.2f}", ha="center", fontsize=MIN_PT)
-        ax2.set_ylim(0, 1.05)
-        ax2.set_ylabel("weight e^(lse_s − lse) (solid)", fontsize=LABEL_PT)
-        ax2.tick_params(labelsize=MIN_PT)
-        ax2.spines["top"].set_visible(False)
-        return fig
+        return _lse_and_weights(fig, ax, r)
     dims = np.arange(min(4, r.o.shape[1]))
     for i in x:
         ax.scatter(dims + (i - S / 2 + 0.5) * 0.08, r.o[i, dims], color=SPLIT_COLORS[i],
@@ -143,6 +126,35 @@ def split_step(step: int):
     ax.set(ylabel="value", xlim=(-0.5, dims[-1] + 1.9))
     style_axes(ax)
     legend(ax, loc="center right", markerscale=0.6)
+    return fig
+
+
+def _lse_and_weights(fig, ax, r):
+    """Step 2 as two panels, one quantity each: left, each split's lse_s against the merged
+    lse (dashed); right, each split's merge weight e^(lse_s − lse), which sum to 1."""
+    ax.remove()
+    ax_lse, ax_w = fig.subplots(1, 2)
+    S = len(r.bounds)
+    x = np.arange(S)
+    names = [f"split {i}" for i in x]
+    ax_lse.bar(x, r.lse, 0.6, color=SPLIT_COLORS[:S], alpha=0.45, hatch="//",
+               edgecolor=SPLIT_COLORS[:S])
+    for xi, v in zip(x, r.lse):
+        ax_lse.text(xi, v + 0.08, f"{v:.2f}", ha="center", va="bottom", fontsize=MIN_PT)
+    ax_lse.axhline(r.merged_lse, color="k", ls="--", lw=2)
+    ax_lse.text(S - 0.6, r.merged_lse + 0.08, f"merged lse = {r.merged_lse:.2f}", ha="right",
+                va="bottom", fontsize=LABEL_PT)
+    ax_lse.set_xticks(x, names)
+    ax_lse.set(ylabel="lse_s", ylim=(0, max(r.lse.max(), r.merged_lse) * 1.3),
+               title="each split returns lse_s")
+    style_axes(ax_lse, grid=False)
+    ax_w.bar(x, r.weights, 0.6, color=SPLIT_COLORS[:S])
+    for xi, w in zip(x, r.weights):
+        ax_w.text(xi, w + 0.02, f"{w:.2f}", ha="center", va="bottom", fontsize=MIN_PT)
+    ax_w.set_xticks(x, names)
+    ax_w.set(ylabel="weight e^(lse_s − lse)", ylim=(0, 1.0),
+             title=f"the merge weighs split s (sum = {r.weights.sum():.2f})")
+    style_axes(ax_w, grid=False)
     return fig
 
 
@@ -216,6 +228,21 @@ def kv_waste():
     return fig
 
 
+def paged_states(first: int, last: int, width_px: float, height_px: float):
+    """States ``first`` to ``last`` (1-based) of notebook 13's block-table picture
+    (``diagrams.paged``: a 6-token prompt in blocks of 4, forked, then copy-on-write), each the
+    state of a ``kvcache.PagedKVCache`` after the same calls, drawn at slide size."""
+    from course_lib.diagrams.paged import draw_state, sharing_states
+
+    states = sharing_states()[first - 1:last]
+    fig = slide_figure(width_px, height_px)
+    widths = [8.3 if "B" not in st["tables"] else 12.3 for st in states]
+    axes = fig.subplots(1, len(states), width_ratios=widths, squeeze=False)[0]
+    for ax, state in zip(axes, states):
+        draw_state(ax, state, fontsize=MIN_PT, show_tokens=False)
+    return fig
+
+
 def unified_max():
     """Rows that fall back to the synchronised computation against the unified max φ, for fp16
     and fp32 exponentials (logits ~ N(0, 3²), 1024 keys, the course's safe window)."""
@@ -242,5 +269,7 @@ FIGURES = {
     **{f"slides_07_split_kv_{k}": (lambda k=k: split_step(k)) for k in (1, 2, 3)},
     "slides_07_decode_bandwidth": decode_bandwidth,
     "slides_07_kv_waste": kv_waste,
+    "slides_07_paged_fork": lambda: paged_states(1, 2, 1160, 390),
+    "slides_07_paged_cow": lambda: paged_states(3, 3, 600, 440),
     "slides_07_unified_max": unified_max,
 }

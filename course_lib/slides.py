@@ -396,19 +396,23 @@ def unfaithful(excerpt: str, sources: dict[str, list[str]] | None = None) -> str
     return best[2]
 
 
+def _deck_files(decks=None, langs=None):
+    """(language, path) of every deck's markdown, or of those named in ``decks``/``langs``."""
+    for lang, folder in LANGS.items():
+        if langs is None or lang in langs:
+            for path in sorted(folder.glob("*.md")):
+                if decks is None or path.stem in decks:
+                    yield lang, path
+
+
 def excerpt_problems(decks=None, langs=None) -> list[str]:
     """Every code excerpt of the decks (English and Chinese) that is not a faithful cut."""
     sources, problems = _source_lines(), []
-    for lang, folder in LANGS.items():
-        if langs is not None and lang not in langs:
-            continue
-        for path in sorted(folder.glob("*.md")):
-            if decks is not None and path.stem not in decks:
-                continue
-            for i, body in enumerate(excerpts(path.read_text())):
-                why = unfaithful(body, sources)
-                if why:
-                    problems.append(f"{lang}/{path.name}: code excerpt {i + 1}: {why}")
+    for lang, path in _deck_files(decks, langs):
+        for i, body in enumerate(excerpts(path.read_text())):
+            why = unfaithful(body, sources)
+            if why:
+                problems.append(f"{lang}/{path.name}: code excerpt {i + 1}: {why}")
     return problems
 
 
@@ -430,24 +434,19 @@ def notes_problems(decks=None, langs=None, f: dict | None = None) -> list[str]:
     texts = [fact.text for fact in f.values()]
     names = deck_names()
     problems = []
-    for lang, folder in LANGS.items():
-        if langs is not None and lang not in langs:
-            continue
-        for path in sorted(folder.glob("*.md")):
-            if decks is not None and path.stem not in decks:
-                continue
-            text = path.read_text()
-            notes = re.findall(r"<!--(.*?)-->", text, re.S)
-            shown = re.sub(r"<!--.*?-->", "", text, flags=re.S)
-            for note in notes:
-                for m in _MEASURED.finditer(note):
-                    if not any(m.group(1) in t for t in texts) and m.group(1) not in shown:
-                        problems.append(f"{lang}/{path.name}: the notes quote {m.group(0)!r}, "
-                                        "which is neither a fact of results.facts() nor on a "
-                                        "slide of the deck")
-                if _LAST.search(note) and path.stem != names[-1]:
-                    problems.append(f"{lang}/{path.name}: the notes call it the last deck; "
-                                    f"{names[-1]} follows")
+    for lang, path in _deck_files(decks, langs):
+        text = path.read_text()
+        notes = re.findall(r"<!--(.*?)-->", text, re.S)
+        shown = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+        for note in notes:
+            for m in _MEASURED.finditer(note):
+                if not any(m.group(1) in t for t in texts) and m.group(1) not in shown:
+                    problems.append(f"{lang}/{path.name}: the notes quote {m.group(0)!r}, "
+                                    "which is neither a fact of results.facts() nor on a "
+                                    "slide of the deck")
+            if _LAST.search(note) and path.stem != names[-1]:
+                problems.append(f"{lang}/{path.name}: the notes call it the last deck; "
+                                f"{names[-1]} follows")
     return problems
 
 

@@ -38,8 +38,14 @@ LESSONS = (
            "05_triton_flash"),
     Lesson("08_triton_flash_v2", "v2: loop order, deferred rescale, exp2, causal skipping, "
            "measured speed and HBM bytes", "05_triton_flash"),
+    Lesson("08a_flash_v2_measurements", "appendix: the measurements behind lesson 08 (grid "
+           "order and L2, DRAM bytes in full, the speed sweep as a table, a live sweep), "
+           "printed from the stored runs", None),
     Lesson("09_hopper", "FlashAttention-3 ideas in Triton: TMA descriptors, pipelining, "
-           "autotuning", "05_triton_flash"),
+           "warp-group MMA, FlashAttention-3's schedules, the pinned max", "05_triton_flash"),
+    Lesson("09a_hopper_case_study", "appendix: the H100 experiments behind the Hopper kernel "
+           "(compiler resources, Q in registers, tiles, clock stamps, ideas that did and did not "
+           "pay), printed from the stored runs", None),
     Lesson("09b_fp8", "FP8's accuracy, emulated: e4m3 rounding, block scales, a random Hadamard "
            "rotation of Q and K", "05_triton_flash"),
     Lesson("10_backward", "the backward pass, recomputation, Theorem 5, memory saved",

@@ -320,8 +320,8 @@ def facts() -> dict[str, Fact]:
         historical="deck 05: 'The first v2 grid put heads fastest ... Measured'")
     add("probe1_v2_x_min",
         f"{float(f['probe1_v2_gb'].text) / (pred['flash_v2_min'] / 1e9):.1f}×",
-        "nb:08_triton_flash_v2", "perf_notes HBM measurement 1 / figure2_prediction minimum",
-        runs=hbm1, historical="lesson 08: 'measured so with the first grid order'")
+        "nb:08a_flash_v2_measurements", "perf_notes HBM measurement 1 / figure2_prediction minimum",
+        runs=hbm1, historical="appendix 08a: 'the every re-read from DRAM count'")
     ops = normalisation_ops(16384, 128, 64, 128)
     add("deferred_saved_per_score", f"{sum(ops['saved'].values()) / (128 * 16384):.1f}",
         "05_triton_flash", "analysis.flash_v2.normalisation_ops")
@@ -364,6 +364,7 @@ def facts() -> dict[str, Fact]:
 
     # notebook 09 (Hopper): what each change bought, measured; deck 05 quotes some ----------
     nb09 = "nb:09_hopper"
+    nb09a = "nb:09a_hopper_case_study"  # the record of the experiments
     qregs = gain_rows(load_result("hopper_q_in_regs"))
     add("h09_q_regs_64", _pct_span([r["regs/smem"] - 1 for r in qregs if r["D"] == 64]), nb09,
         "data/hopper_q_in_regs.json (bench.hopper.gain_rows): Q regs / Q smem - 1, D 64")
@@ -380,7 +381,7 @@ def facts() -> dict[str, Fact]:
         "analysis.hopper.tile_idea_rows: 64x64 / 128x128 at D 128, N <= 8k, - 1")
     causal64 = [r["with / without"] for r in tile_rows
                 if r["idea"].startswith("D 64: 64 x 64") and r["causal"]]
-    add("h09_tiles_64_causal", _pct_span([1 / g - 1 for g in causal64]), nb09,
+    add("h09_tiles_64_causal", _pct_span([1 / g - 1 for g in causal64]), nb09a,
         "analysis.hopper.tile_idea_rows: 128x64 / 64x64 at D 64 causal, - 1")
     for key, idea, sign in (
             ("h09_packed_exp2_64", "packed fp16 exp2, ex2.approx.f16x2 (D 64)", -1),
@@ -391,16 +392,16 @@ def facts() -> dict[str, Fact]:
             ("h09_masked_first", "causal masked blocks first (D 64)", 0)):
         text = _pct_span([sign * (g - 1) if sign else g - 1 for g in tiles[idea]],
                          signed=not sign)
-        add(key, text, nb09, f"analysis.hopper.tile_idea_rows: {idea}, with / without - 1"
+        add(key, text, nb09a, f"analysis.hopper.tile_idea_rows: {idea}, with / without - 1"
             + (" (a loss)" if sign < 0 else ""))
     ideas = ideas_rows()
     for key, start in (("h09_soft_exp2", "software exp2"), ("h09_lazy_rescale", "lazy"),
                        ("h09_next_qk_first", "next block's QK")):
         add(key, _pct_span([1 - r["ratio"] for r in ideas if r["idea"].startswith(start)]),
-            nb09, f"analysis.hopper.ideas_rows: {start}..., 1 - best with / best without")
+            nb09a, f"analysis.hopper.ideas_rows: {start}..., 1 - best with / best without")
     probe_gain = [r["hopper/portable"] - 1 for r in impl_gain_rows(load_probe())
                   if r["D"] == 128 and not r["causal"]]
-    add("h09_tma_128", _pct_span(probe_gain, signed=True), nb09,
+    add("h09_tma_128", _pct_span(probe_gain, signed=True), nb09a,
         "probe 1 (perf_notes.md), hopper / portable - 1, D 128 non-causal", runs=probe1,
         historical="lesson 09's record of the experiments: 'The first H100 measurement of both "
                    "kernels (\"probe 1\")'")
@@ -414,7 +415,7 @@ def facts() -> dict[str, Fact]:
                     == ("none", False, False, 0))
 
     add("h09_tma_64_causal",
-        f"{ideas_run2('v2-hopper'):.0f} against {ideas_run2('v2-portable'):.0f} TFLOP/s", nb09,
+        f"{ideas_run2('v2-hopper'):.0f} against {ideas_run2('v2-portable'):.0f} TFLOP/s", nb09a,
         "data/hopper_ideas.json run 2: D 64 causal N 4k, 128x64 w4 s3, hopper against portable",
         runs=("hopper_ideas.json:forward run 2: v2-hopper against v2-portable",),
         historical="lesson 09's record of the experiments: 'A later run found ...'")
@@ -424,11 +425,11 @@ def facts() -> dict[str, Fact]:
         "probe 1, D 64, N 16k, v2-hopper / analysis.hopper.score_costs(64) no overlap",
         runs=probe1, historical="deck 05: 'the first H100 run'; lesson 09: 'The first version'")
     e16_error = _perf_notes_ceiling(r"error ([\d.]+)× SDPA's at D 128 causal")
-    add("h09_e16_error", f"{e16_error}× SDPA's", nb09,
+    add("h09_e16_error", f"{e16_error}× SDPA's", nb09a,
         "data/perf_notes.md: packed fp16 exp2, error at D 128 causal",
         runs=("perf_notes.md:packed fp16 exp2",))
     simulated = _perf_notes_ceiling(r"simulation\s+predicted up to \+([\d.]+)% at N 4k")
-    add("h09_heavy_first_sim", f"up to {simulated}%", nb09,
+    add("h09_heavy_first_sim", f"up to {simulated}%", nb09a,
         "data/perf_notes.md: the launch-order simulation's prediction",
         runs=("perf_notes.md:launch-order simulation",))
     rs: dict[str, list[float]] = {}
@@ -436,11 +437,11 @@ def facts() -> dict[str, Fact]:
         rs.setdefault(r["idea"], []).append(r["with / without"])
     lmma = rs["l on MMA, 64 x 64 tiles (D 128)"]
     add("h09_rowsum_128", f"+{statistics.median(lmma) - 1:.0%} in the median over "
-        f"{len(lmma)} points", nb09, "analysis.hopper.rowsum_rows: l on MMA, 64 x 64 (D 128)")
+        f"{len(lmma)} points", nb09a, "analysis.hopper.rowsum_rows: l on MMA, 64 x 64 (D 128)")
     add("h09_rowsum_losses",
         f"lost about {1 - statistics.median(rs['l on MMA, 128 x 128 tiles (D 128)']):.0%}, "
         f"at D = 64 about {1 - statistics.median(rs['l on MMA, 128 x 64 tiles (D 64)']):.0%}",
-        nb09, "analysis.hopper.rowsum_rows: l on MMA, 128 x 128 (D 128) and 128 x 64 (D 64), "
+        nb09a, "analysis.hopper.rowsum_rows: l on MMA, 128 x 128 (D 128) and 128 x 64 (D 64), "
         "median")
     clocks = clock_rows()
     fa2_clk = {r["run"]: r for r in clocks if r["D"] == 128 and r["kernel"] == "FA2"}
@@ -450,32 +451,33 @@ def facts() -> dict[str, Fact]:
         lo, hi = (round(f(r["SM MHz"] for r in rows), -1) for f in (min, max))
         return f"{lo:.0f} to {hi:.0f} MHz"
 
-    add("h09_clock_ours", mhz(ours_clk), nb09,
+    add("h09_clock_ours", mhz(ours_clk), nb09a,
         "analysis.hopper.clock_rows: D 128, 64x64 configs, SM clock (nearest 10 MHz)")
-    add("h09_clock_fa2", mhz(fa2_clk.values()), nb09,
+    add("h09_clock_fa2", mhz(fa2_clk.values()), nb09a,
         "analysis.hopper.clock_rows: D 128, FA2, SM clock (nearest 10 MHz)")
     add("h09_per_ghz", _span([r["TFLOP/s per GHz"] / fa2_clk[r["run"]]["TFLOP/s per GHz"]
-                              for r in ours_clk], fmt="{:.1f}"), nb09,
+                              for r in ours_clk], fmt="{:.1f}"), nb09a,
         "analysis.hopper.clock_rows: D 128, 64x64 configs / FA2 of the same run, TFLOP/s per GHz")
     add("h09_wall_clock", _span([r["TFLOP/s"] / fa2_clk[r["run"]]["TFLOP/s"] for r in ours_clk]),
-        nb09, "analysis.hopper.clock_rows: D 128, 64x64 configs / FA2 of the same run, TFLOP/s")
+        nb09a, "analysis.hopper.clock_rows: D 128, 64x64 configs / FA2 of the same run, TFLOP/s")
     fifth = _perf_notes_numbers(r"## Fifth forward sweep.*?D 128 non-causal ([\d.,\s]+); "
                                 r"causal ([\d.,\s]+)\(.*?D 64 \(code unchanged\) "
                                 r"non-causal ([\d.,\s]+); causal ([\d.,\s]+)\(")
     fifth_run, was = ("perf_notes.md:Fifth forward sweep",), ("lesson 09: 'The fifth sweep ... "
                                                               "had ...; the stored sixth sweep'")
-    add("h09_fifth_sweep_128", _span(fifth[:6]), nb09,
+    add("h09_fifth_sweep_128", _span(fifth[:6]), nb09a,
         "data/perf_notes.md, fifth forward sweep: best v2 / SDPA FLASH, D 128, N >= 4k",
         runs=fifth_run, historical=was)
-    add("h09_fifth_sweep_64", _span(fifth[6:]), nb09,
+    add("h09_fifth_sweep_64", _span(fifth[6:]), nb09a,
         "data/perf_notes.md, fifth forward sweep: best v2 / SDPA FLASH, D 64, N >= 4k",
         runs=fifth_run, historical=was)
     stamped = [1 - r["TFLOP/s (stamped)"] / r["TFLOP/s (plain)"] for r in timeline_rows()]
-    add("h09_stamp_cost", _pct_span(stamped), nb09,
+    add("h09_stamp_cost", _pct_span(stamped), nb09a,
         "analysis.hopper.timeline_rows: 1 - TFLOP/s with the clock stamps / without")
     parts = {(r["D"], r["config"]): r for r in mma_only_rows()}
     p64, p128 = parts[(64, "(128, 64, 4, 3)")], parts[(128, "(64, 64, 4, 3)")]
-    add("h09_mma_only_64", f"{p64['MMAs only (P = S)']:.0f}", "05_triton_flash nb:09_hopper",
+    add("h09_mma_only_64", f"{p64['MMAs only (P = S)']:.0f}",
+        "05_triton_flash nb:09a_hopper_case_study",
         "analysis.hopper.mma_only_rows: D 64, 128x64, MMAs only")
     add("h09_rowsums_64", f"{p64['MMAs + exp2 + row sums']:.0f}", "05_triton_flash",
         "analysis.hopper.mma_only_rows: D 64, 128x64, MMAs + exp2 + row sums")
@@ -497,7 +499,7 @@ def facts() -> dict[str, Fact]:
     lost = [1 - statistics.median(by_pin[i]) for i in (
         "64 x 128 tiles instead of 128 x 64 (D 64)",
         "64 x 128 tiles, 3 programs per SM (2 stages, D 64)")]
-    add("h09_64x128", f"{lost[0]:.0%} and {lost[1]:.0%}", nb09,
+    add("h09_64x128", f"{lost[0]:.0%} and {lost[1]:.0%}", nb09a,
         "analysis.hopper.pinned_rows: 64 x 128 tiles at D 64, 3 and 2 stages, 1 - median")
     long_gain = [r for r in impl_gain_rows(fwd) if r["N"] >= 4096]
     for D in (64, 128):
@@ -627,9 +629,6 @@ def facts() -> dict[str, Fact]:
     add("tile_128x256x64_s3_kib", f"{(bm * bk + bk * bn) * 2 * stages // 1024} KiB",
         "02_gpu_tiling", "shared memory of a 128x256x64 fp16 tile, A and B, 3 stages")
     # --- facts: notebooks 00-06 ---
-    from course_lib.diagrams.memory import hierarchy
-    add("nb02_smem_tbs", f"{hierarchy('H100-SXM')[1]['tbs']:.0f} TB/s", "nb:02_gpu_memory",
-        "diagrams.memory: 128 B per clock per SM at the clock of the H100's fp16 peak")
     one_pass = att.flash_attention_io(1024, 64, 4 * 64 * 1024)       # T_c = 1
     add("nb06_tc1_over_floor",
         f"{one_pass['elements'] / att.compulsory_io(1024, 1024, 64)['elements']:.1f} times",
@@ -638,10 +637,10 @@ def facts() -> dict[str, Fact]:
     fig2_min = att.compulsory_io(1024, 1024, 64, 64, 16)
     v2_hbm = hbm["v2-portable"]
     add("hbm_v2_reads_x_min", f"{v2_hbm['read_gb'] / (fig2_min['read_bytes'] / 1e9):.3f}×",
-        "nb:08_triton_flash_v2", "data/hbm.json: v2-portable reads / (Q, K, V once)")
+        "nb:08a_flash_v2_measurements", "data/hbm.json: v2-portable reads / (Q, K, V once)")
     v2_short_mb = (fig2_min["write_bytes"] / 1e9 - v2_hbm["write_gb"]) * 1e3
     add("hbm_v2_writes_short", f"{v2_short_mb:.0f} MB",
-        "nb:08_triton_flash_v2", "data/hbm.json: (O and lse once) - v2-portable writes")
+        "nb:08a_flash_v2_measurements", "data/hbm.json: (O and lse once) - v2-portable writes")
     # --- facts: notebook 09 ---
     # --- facts: notebooks 11-14 ---
     nb11 = "nb:11_kv_cache_gqa"

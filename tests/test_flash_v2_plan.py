@@ -226,7 +226,7 @@ def test_ceiling_model():
     c64, c128 = hp.score_costs(64), hp.score_costs(128)
     assert c64["bound"] == "softmax" and c128["bound"] == "MMA"
     assert c128["mma_ps"] == pytest.approx(2 * c64["mma_ps"])
-    assert c64["exp2_ps"] == pytest.approx(1e12 / (67e12 / 2 * 16 / 128))
+    assert c64["exp2_ps"] == pytest.approx(1e12 * 4096 / (16 * 989.4e12))
     for c in (c64, c128):
         assert c["serial_tflops"] < c["overlapped_tflops"] <= c["peak_tflops"]
     assert c128["overlapped_tflops"] == pytest.approx(989.4)

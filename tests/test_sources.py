@@ -7,7 +7,8 @@
 - every notebook ends with a reading list (links to the public sources), every deck, in both
   languages, with a references slide;
 - a deck shows Triton kernel code;
-- lesson 09 is a lesson (at most 2,500 words of markdown before its "Case study").
+- every lesson is a lesson (at most 3,000 words of markdown; the record of experiments lives in
+  its appendix notebook, NNa_*).
 """
 import json
 import re
@@ -95,18 +96,18 @@ def lesson_words(md: list[str]) -> int:
     return words
 
 
-@pytest.mark.parametrize("stem", ["12_flash_decoding", "14_llama_capstone",
-                                  "15_attention_variants"])
-def test_a_lesson_is_a_lesson_not_a_lab_notebook(stem):
-    """At most 3,000 words; the record of measurements lives in the lesson's appendix notebook
-    and in course_lib/data/perf_notes.md."""
-    words = lesson_words(cells(ROOT / "notebooks" / f"{stem}.ipynb", "markdown"))
-    assert words <= 3000, f"{stem} has {words} words of lesson (at most 3,000)"
+LESSONS_PROPER = [p for p in NOTEBOOKS if not re.match(r"\d+a_", p.name)]  # not appendices
 
 
-def test_lesson_09_is_a_lesson_then_a_case_study():
-    md = cells(ROOT / "notebooks" / "09_hopper.ipynb", "markdown")
-    heads = [i for i, c in enumerate(md) if re.search(r"^#+ .*Case study", c, re.M)]
-    assert heads, "lesson 09 has no 'Case study' section"
-    words = lesson_words(md[:heads[0]])
-    assert words <= 2500, f"lesson 09's lesson proper has {words} words (at most 2,500)"
+@pytest.mark.parametrize("nb", LESSONS_PROPER, ids=[p.stem for p in LESSONS_PROPER])
+def test_a_lesson_is_a_lesson_not_a_lab_notebook(nb):
+    """Every lesson has at most 3,000 words; the record of measurements lives in the lesson's
+    appendix notebook (NNa_*) and in course_lib/data/perf_notes.md."""
+    words = lesson_words(cells(nb, "markdown"))
+    assert words <= 3000, f"{nb.stem} has {words} words of lesson (at most 3,000)"
+
+
+def test_every_appendix_follows_its_lesson():
+    for appendix in (p for p in NOTEBOOKS if p not in LESSONS_PROPER):
+        number = re.match(r"(\d+)a_", appendix.name).group(1)
+        assert any(p.name.startswith(number + "_") for p in LESSONS_PROPER), appendix.name

@@ -7,8 +7,9 @@ Introduced in notebooks/09_hopper.ipynb, next to ``course_lib.kernels.flash_v2_h
   configs the kernel's named filter ``keep_hopper_config`` keeps for each head dim;
   ``plot_smem_per_stage`` draws it;
 * ``score_costs``: the two numbers of the ceiling argument, per score element: the tensor-core
-  time of its 4·D FLOPs and the exp2 + FP32 time of its softmax, from the GPU's datasheet rates
-  (``course_lib.hardware.GPUS``) and the CUDA Programming Guide's instruction throughputs
+  time of its 4·D FLOPs and the exp2 + FP32 time of its softmax, from the CUDA Programming
+  Guide's results per SM per clock, all at one clock (``sm_clock_ghz``: the clock of the
+  datasheet's tensor rate in ``course_lib.hardware.GPUS``)
   (``pinned=True``: the shorter softmax of the pinned max, no row max and no rescaling);
 * ``tma_tile_demo``: one descriptor load and one descriptor store that run past the end of a
   tensor, to show the copy engine clipping (no masks);
@@ -129,8 +130,17 @@ MUFU_PER_SM_CYCLE = 16
 FP32_PER_SM_CYCLE = 128
 """32-bit add/multiply/fused multiply-add results per SM per clock on sm_90 (same table)."""
 MMA_FLOPS_PER_SM_CYCLE = 4096
-"""Dense fp16/bf16 tensor-core FLOPs per SM per clock on an H100 SXM: 989.4 TFLOP/s over
-132 SMs at the 1830 MHz boost clock."""
+"""Dense fp16/bf16 tensor-core FLOPs per SM per clock on Hopper: twice an A100 SM's 2048, clock
+for clock (NVIDIA, H100 Tensor Core GPU Architecture whitepaper). The datasheet's 989.4 TFLOP/s
+over 132 SMs × 4096 is the clock of that rate (``sm_clock_ghz``)."""
+
+
+def sm_clock_ghz(gpu: str | GPUSpec = "H100-SXM") -> float:
+    """The one SM clock of the two-numbers model (``score_costs``): the clock at which the
+    datasheet's dense fp16 tensor rate is quoted, that rate over SMs × ``MMA_FLOPS_PER_SM_CYCLE``
+    (1.83 GHz on an H100 SXM). Hopper's per-clock MMA rate: sm_90 GPUs only."""
+    spec = get_gpu(gpu)
+    return spec.fp16_tensor_tflops * 1e12 / (spec.sms * MMA_FLOPS_PER_SM_CYCLE) / 1e9
 
 
 def block_mma_cycles(BLOCK_M: int, BLOCK_N: int, D: int) -> float:
@@ -156,11 +166,15 @@ def softmax_fp32_ops(D: int, BLOCK_N: int, pinned: bool = False) -> dict[str, fl
 
 def score_costs(D: int, gpu: str | GPUSpec = "H100-SXM", BLOCK_N: int = 128,
                 pinned: bool = False) -> dict:
-    """The two numbers, per score element, in picoseconds of the whole chip.
+    """The two numbers, per score element, in picoseconds of the whole chip, all at one clock.
 
-    * MMA: 4·D FLOPs (QKᵀ and PV, the course's FLOP count) at the dense fp16 tensor-core rate;
-    * softmax: one exp2 at the MUFU rate plus ``softmax_fp32_ops`` at the FP32 rate; the two
-      rates are the datasheet's FP32 TFLOP/s (two FLOPs per FMA) times 16/128 and 1/2.
+    Every unit's rate is its results per SM per clock times the SMs times ``sm_clock_ghz``:
+
+    * MMA: 4·D FLOPs (QKᵀ and PV, the course's FLOP count) at ``MMA_FLOPS_PER_SM_CYCLE``
+      (at that clock: the datasheet's dense fp16 tensor rate);
+    * softmax: one exp2 at ``MUFU_PER_SM_CYCLE`` plus ``softmax_fp32_ops`` at
+      ``FP32_PER_SM_CYCLE``. (The datasheet's FP32 TFLOP/s is quoted at a higher clock than
+      its tensor rate; mixing the two would time the two halves with different clocks.)
 
     ``serial_tflops``: the throughput if the two never overlap (time = MMA + softmax), the
     design of the course's kernels; ``overlapped_tflops``: if they overlap perfectly (time =
@@ -168,13 +182,12 @@ def score_costs(D: int, gpu: str | GPUSpec = "H100-SXM", BLOCK_N: int = 128,
     ``pinned``: the softmax of the pinned max (``softmax_fp32_ops(..., pinned=True)``).
     """
     spec = get_gpu(gpu)
-    fp32_instr_per_s = spec.fp32_tflops * 1e12 / 2
-    exp2_per_s = fp32_instr_per_s * MUFU_PER_SM_CYCLE / FP32_PER_SM_CYCLE
+    sm_clocks_per_s = spec.sms * sm_clock_ghz(spec) * 1e9  # SM clock cycles of the whole chip
     flops = 4 * D
     ops = softmax_fp32_ops(D, BLOCK_N, pinned)
-    t_mma = flops / (spec.fp16_tensor_tflops * 1e12) * 1e12
-    t_exp2 = 1 / exp2_per_s * 1e12
-    t_fp32 = sum(ops.values()) / fp32_instr_per_s * 1e12
+    t_mma = flops / (MMA_FLOPS_PER_SM_CYCLE * sm_clocks_per_s) * 1e12
+    t_exp2 = 1 / (MUFU_PER_SM_CYCLE * sm_clocks_per_s) * 1e12
+    t_fp32 = sum(ops.values()) / (FP32_PER_SM_CYCLE * sm_clocks_per_s) * 1e12
     t_soft = t_exp2 + t_fp32
     return {"D": D, "BLOCK_N": BLOCK_N, "gpu": spec.name, "mma_flops": flops,
             "fp32_ops": sum(ops.values()), "mma_ps": t_mma, "exp2_ps": t_exp2,
@@ -346,7 +359,8 @@ __all__ = ["FP32_PER_SM_CYCLE", "MMA_FLOPS_PER_SM_CYCLE", "MUFU_PER_SM_CYCLE", "
            "autotune_bucket", "block_mma_cycles",
            "config_label", "config_rows", "count_instructions", "impl_gain_rows",
            "launch_config", "load_probe", "max_stages", "parse_probe_table", "plot_ceiling",
-           "plot_smem_per_stage", "score_costs", "smem_bytes", "softmax_fp32_ops",
+           "plot_smem_per_stage", "score_costs", "sm_clock_ghz", "smem_bytes",
+           "softmax_fp32_ops",
            "tma_tile_demo", "FIGURES"]
 
 
@@ -532,17 +546,31 @@ def rowsum_rows(data: dict | None = None) -> list[dict]:
     return rows
 
 
-def clock_rows(data: dict | None = None) -> list[dict]:
+def _readable_variant(name: str) -> str:
+    """A stored run's variant name in the lesson's words: "P:64x64w4s3" -> "64x64 w4 s3",
+    "R16:..." -> "... l-MMA" (row sums on wgmma), "R8:..." -> "... l-MMA 8 cols (mma.sync)"."""
+    if ":" not in name:
+        return {"FA2": "SDPA FLASH", "flash_attn_v2": "flash_attn_v2 (autotuned)"}.get(name, name)
+    kind, cfg = name.split(":", 1)
+    cfg = re.sub(r"^(\d+x\d+)w(\d+)s(\d+)", r"\1 w\2 s\3", cfg)
+    return cfg + {"P": "", "R16": " l-MMA", "R8": " l-MMA 8 cols (mma.sync)"}.get(kind, f" {kind}")
+
+
+def clock_rows(data: dict | None = None, readable: bool = False) -> list[dict]:
     """The 1-second timings of ``hopper_rowsum.json`` with the SM clock and board power
-    nvidia-smi read meanwhile: every kernel runs at the 700 W cap, at its own clock."""
+    nvidia-smi read meanwhile: every kernel runs at the 700 W cap, at its own clock.
+    ``readable``: runs numbered ("run 1", ...) and variants named as in the lesson
+    (``_readable_variant``); otherwise the stored names ("exp10", "P:64x64w4s3")."""
     data = _load_json(HOPPER_ROWSUM) if data is None else data
     rows = []
-    for run, rec in data["runs"].items():
+    for i, (run, rec) in enumerate(data["runs"].items()):
         for s in rec["sustained"]:
             if s["round"] != 0:
                 continue
-            rows.append({"run": run, "D": s["D"], "N": s["N"], "causal": s["causal"],
-                         "kernel": s["variant"], "TFLOP/s": s["tflops"], "SM MHz": s["sm_mhz"],
+            kernel = _readable_variant(s["variant"]) if readable else s["variant"]
+            rows.append({"run": f"run {i + 1}" if readable else run, "D": s["D"], "N": s["N"],
+                         "causal": s["causal"], "kernel": kernel, "TFLOP/s": s["tflops"],
+                         "SM MHz": s["sm_mhz"],
                          "W": s["power_w"], "TFLOP/s per GHz": s["tflops"] / s["sm_mhz"] * 1e3})
     return rows
 

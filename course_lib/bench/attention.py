@@ -2,8 +2,9 @@
 
 Introduced in notebooks/07_triton_flash_v1.ipynb and notebooks/08_triton_flash_v2.ipynb.
 
-The sweep is the FlashAttention-2 paper's (Dao 2023, Section 4.1): B·N = 32k tokens, H·D = 2048,
-D ∈ {64, 128}, N from 512 to 16k, causal and non-causal, fp16. In one process it times
+The sweep follows the FlashAttention-2 paper's (Dao 2023, Section 4.1, which keeps B·N = 16k
+tokens) with B·N = 32k tokens, H·D = 2048, D ∈ {64, 128}, N from 512 to 16k, causal and
+non-causal, fp16. In one process it times
 
 * ``v1``: ``course_lib.kernels.flash_v1.flash_attn_v1`` (forward only),
 * ``v2-<impl>``: ``flash_attn_v2(..., impl=...)`` for every impl in ``flash_v2.IMPLS``,

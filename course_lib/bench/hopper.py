@@ -3,7 +3,8 @@
 Introduced in notebooks/09_hopper.ipynb, section 3. ``flash_v2_hopper`` can feed the QKᵀ
 ``wgmma`` its A operand (Q) from shared memory or from registers (``Q_IN_REGS``). This command
 times each pair of otherwise identical fixed configs, with SDPA's FLASH_ATTENTION and
-CUDNN_ATTENTION backends, at the FlashAttention-2 paper's shapes (B·N = 32k, H·D = 2048, fp16).
+CUDNN_ATTENTION backends, at the shapes of the FlashAttention-2 paper's benchmark (Dao 2023,
+Section 4.1) with B·N = 32k tokens where the paper keeps 16k (H·D = 2048, fp16).
 Every provider of a shape is timed in turn, ``--rounds`` times over (A B C, A B C, ...), and
 keeps its median: the GPU's clock drifts by several per cent within seconds, and interleaving
 spreads the drift over every provider alike. Each config's output is first checked against the

@@ -308,6 +308,8 @@ def _forward_spec(q, k, v, causal=False):
 def _forward_cases(causal):
     gen = torch.Generator().manual_seed(80 + causal)
     shapes = ((1, 16, 16, 16), (2, 37, 50, 16), (1, 50, 23, 16), (1, 20, 7, 32))
+    if causal:  # N_k − N_q > BLOCK_M: a bound hi without the offset stops keys short
+        shapes = shapes[:1] + ((1, 16, 60, 16),) + shapes[1:]
     return [tuple(torch.randn(bh, n, d, generator=gen) * s
                   for n, s in ((n_q, 1.5), (n_k, 1.0), (n_k, 1.0))) + (causal,)
             for bh, n_q, n_k, d in shapes]
@@ -491,6 +493,9 @@ register(Exercise(
             "values differ"),
         Mistake("< for <=", kernel_variant(
             _flash_v2_causal_solution, ("offs_n[None, :] <= offs_m", "offs_n[None, :] < offs_m")),
+            "values differ"),
+        Mistake("hi without the offset: stops at the top-left diagonal", kernel_variant(
+            _flash_v2_causal_solution, ("start_m + BLOCK_M + offset", "start_m + BLOCK_M")),
             "values differ"),
         Mistake("stops at the keys of the block's first row", kernel_variant(
             _flash_v2_causal_solution, ("start_m + BLOCK_M + offset", "start_m + 1 + offset")),
@@ -707,24 +712,25 @@ def two_numbers(D, BLOCK_N):
 
 # --- the reference and the mistakes ---------------------------------------------------------
 def two_numbers_solution(D, BLOCK_N):
-    """(MMA picoseconds, softmax picoseconds) per score element on an H100 SXM."""
-    mma_ps = 4 * D / 989.4e12 * 1e12  # QKᵀ and PV: 2·D FLOPs each, dense fp16 tensor cores
-    fp32_per_s = 67e12 / 2  # FP32 instructions per second (an FMA counts as 2 FLOPs)
-    exp2_per_s = fp32_per_s * 16 / 128  # MUFU: 16 per SM per clock against 128 FP32
+    """(MMA picoseconds, softmax picoseconds) per score element on an H100 SXM, every unit at
+    one clock: the clock of the datasheet's dense fp16 rate, 989.4 TFLOP/s / (132 SMs × 4096)."""
+    chip = 989.4e12 / 4096  # SM clock cycles per second of the whole chip: 132 SMs × f
+    mma_ps = 4 * D / (4096 * chip) * 1e12  # QKᵀ and PV: 2·D FLOPs each, 4096 per SM per clock
     fp32_ops = 1 + 1 + 1 + 0.5 + D / BLOCK_N  # FFMA, max, sum, half a convert, the α rescale
-    softmax_ps = (1 / exp2_per_s + fp32_ops / fp32_per_s) * 1e12
+    softmax_ps = (1 / 16 + fp32_ops / 128) / chip * 1e12  # MUFU 16, FP32 128 per SM per clock
     return mma_ps, softmax_ps
 
 
 def _two_numbers_mufu_at_fp32_rate(D, BLOCK_N):
     mma_ps, _ = two_numbers_solution(D, BLOCK_N)
-    fp32_per_s = 67e12 / 2
-    return mma_ps, (1 + 3.5 + D / BLOCK_N) / fp32_per_s * 1e12
+    return mma_ps, (1 + 3.5 + D / BLOCK_N) / 128 / (989.4e12 / 4096) * 1e12
 
 
-def _two_numbers_flops_as_instructions(D, BLOCK_N):
+def _two_numbers_two_clocks(D, BLOCK_N):
+    """The softmax from the datasheet's FP32 TFLOP/s, which is quoted at a higher clock than
+    its tensor rate: two clocks in one model."""
     mma_ps, _ = two_numbers_solution(D, BLOCK_N)
-    fp32_per_s = 67e12
+    fp32_per_s = 67e12 / 2
     return mma_ps, (1 / (fp32_per_s * 16 / 128) + (3.5 + D / BLOCK_N) / fp32_per_s) * 1e12
 
 
@@ -737,11 +743,12 @@ def _two_numbers_seconds(D, BLOCK_N):
 
 
 TWO_NUMBERS_HINTS = (
-    "MMA: count the FLOPs one score element costs in QKᵀ and in PV, and divide by the tensor "
-    "cores' dense fp16 rate (get_gpu('H100-SXM').fp16_tensor_tflops).",
-    "softmax: one exp2 on the MUFU units plus the FP32 instructions of section 5's table "
-    "(softmax_fp32_ops). The datasheet's FP32 TFLOP/s counts an FMA as two FLOPs; MUFU "
-    "issues 16 results per SM per clock where FP32 issues 128.",
+    "MMA: count the FLOPs one score element costs in QKᵀ and in PV, and divide by the chip's "
+    "rate: 4096 FLOPs per SM per clock × 132 SMs × the one clock f of section 5.",
+    "softmax: one exp2 at 16 per SM per clock plus the FP32 instructions of section 5's table "
+    "(softmax_fp32_ops) at 128 per SM per clock, all at the same clock f as the MMA: "
+    "f = 989.4 TFLOP/s / (132 × 4096). The datasheet's FP32 TFLOP/s is quoted at another "
+    "clock: mixing the two times the two halves with different clocks.",
     "the answer is in picoseconds: seconds × 1e12.",
 )
 
@@ -765,8 +772,8 @@ register(Exercise(
     writes="MMA and softmax picoseconds per score element on an H100", lines=6,
     check=check_two_numbers, solution=two_numbers_solution, stub=two_numbers,
     mistakes=(Mistake("exp2 at the FP32 rate", _two_numbers_mufu_at_fp32_rate, "softmax_ps:"),
-              Mistake("FP32 FLOPs taken as instructions", _two_numbers_flops_as_instructions,
-                      "softmax_ps:"),
+              Mistake("two clocks: the softmax from the datasheet's FP32 TFLOP/s",
+                      _two_numbers_two_clocks, "softmax_ps:"),
               Mistake("2·D FLOPs per score", _two_numbers_2d_flops, "mma_ps:"),
               Mistake("seconds, not picoseconds", _two_numbers_seconds, "mma_ps:")),
     hints=TWO_NUMBERS_HINTS))
@@ -802,8 +809,8 @@ register(Question(
         "make it is the worked part.\n\n"
         "1. Copy `_fwd_inner_tma` and the kernel into a module of your own, and change only the "
         "key loop to `for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=True)`. With "
-        "Triton 3.6 it did not compile with 4 warps (section 7): use 8, and give the original "
-        "the same fixed config, so that the loop is the only difference.\n"
+        "Triton 3.6 it did not compile with 4 warps (appendix 09a, section 6): use 8, and give "
+        "the original the same fixed config, so that the loop is the only difference.\n"
         "2. Time both in one process, in interleaved rounds (A, B, A, B, ...), median per "
         "kernel, at D = 64 and 128 and N = 4k to 16k, causal and not. Single runs of one config "
         "vary by 5 to 10%: a gain smaller than that needs the paired rounds to be believed.\n"

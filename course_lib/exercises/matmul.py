@@ -760,6 +760,29 @@ def _matmul_b_advanced_along_n(a_ptr, b_ptr, c_ptr, M, N, K,
 
 
 @triton.jit
+def _matmul_b_rows_k_long(a_ptr, b_ptr, c_ptr, M, N, K,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m = tl.program_id(axis=0)
+    pid_n = tl.program_id(axis=1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * K + offs_k[None, :]
+    b_ptrs = b_ptr + offs_k[:, None] * K + offs_n[None, :]   # A's row length, copied to B
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a_mask = (offs_m[:, None] < M) & (k0 + offs_k[None, :] < K)
+        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+        b_mask = (k0 + offs_k[:, None] < K) & (offs_n[None, :] < N)
+        b = tl.load(b_ptrs, mask=b_mask, other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K * K
+    c_ptrs = c_ptr + offs_m[:, None] * N + offs_n[None, :]
+    tl.store(c_ptrs, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
 def _matmul_b_block_transposed(a_ptr, b_ptr, c_ptr, M, N, K,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                BLOCK_K: tl.constexpr):
@@ -865,6 +888,8 @@ register(Exercise(
                       "values differ"),
               Mistake("B's block of pointers transposed", _matmul_b_block_transposed,
                       "values differ"),
+              Mistake("B's rows taken as K elements long (A's row length), not N",
+                      _matmul_b_rows_k_long, "values differ"),
               Mistake("an answer in PyTorch, no kernel", _matmul_in_torch, "@triton.jit kernel")),
     hints=MATMUL_HINTS))
 
@@ -1170,6 +1195,8 @@ LAUNCH_HINTS = (
     "reads it in place through them. Never assume (N, 1).",
 )
 LAUNCH_NUDGES = {
+    "NameError": "your function uses a name this notebook has not defined: import what it "
+                 "needs (torch to allocate C, triton for triton.cdiv) above it.",
     "the kernel takes": "count the arguments against the kernel's parameters, in order.",
     "NaN": "some of C was never written: does the grid cover the last, partial tile of rows "
            "and of columns?",

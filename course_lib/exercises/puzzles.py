@@ -180,13 +180,18 @@ def _check(name, kernel, prepare, spec, cases, hints, nudges=None, explain=None,
     """``check_kernel``, with this lesson's nudges before the generic ones (a nudge that knows
     the puzzle beats 'a load without a mask'), and a masked lane of a load without ``other=``
     reading NaN, as undefined as on a GPU."""
+    # the generic nudges are silenced here and given below, after this puzzle's own: one nudge
     res = check_kernel(name, kernel, prepare, spec, cases, hints=(), rtol=rtol, atol=atol,
                        show=False, describe=describe, names=names, explain=explain,
-                       undefined=float("nan"))
+                       undefined=float("nan"), nudges={k: "" for k in KERNEL_NUDGES})
     if res.status == "wrong" and "@triton.jit kernel" not in res.message:
         mine = dict(nudges or {})
         mine.update({k: v for k, v in KERNEL_NUDGES.items() if k not in mine})
-        res.message += _nudge(name, hints, res.message, mine)
+        nudge = _nudge(name, hints, res.message, mine)
+        more = f" More: hint('{name}')."
+        if nudge and res.message.endswith(more):  # the diagnosis's pointer: the nudge has one
+            res.message = res.message[:-len(more)]
+        res.message += nudge
     return _report(res, show)
 
 

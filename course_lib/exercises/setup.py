@@ -74,6 +74,20 @@ def _block_as_row_length(x_ptr, b_ptr, z_ptr, M, N, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
+def _rows_as_row_length(x_ptr, b_ptr, z_ptr, M, N, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr):
+    pid_m = tl.program_id(axis=0)
+    pid_n = tl.program_id(axis=1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offsets = rows[:, None] * M + cols[None, :]      # M: the number of rows, not their length
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    x = tl.load(x_ptr + offsets, mask=mask)
+    b = tl.load(b_ptr + cols, mask=cols < N)
+    tl.store(z_ptr + offsets, x + b[None, :], mask=mask)
+
+
+@triton.jit
 def _bias_by_row(x_ptr, b_ptr, z_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_m = tl.program_id(axis=0)
     pid_n = tl.program_id(axis=1)
@@ -127,7 +141,8 @@ def _explain(case, got, want):
     right = torch.isclose(z, want[0].cpu(), atol=1e-6).all(dim=1)
     if z.shape[0] > 1 and right[0] and not right[1:].any():
         return ("What it looks like: row 0 of z is right and every other row is wrong: in "
-                "memory the rows are N apart (the matrix's row length), not BLOCK_N.")
+                "memory the rows are N apart (the matrix's row length, the number of "
+                "columns), and your offsets step from one row to the next by something else.")
     by_row = x.float() + b.float()[:x.shape[0], None] if x.shape[0] <= b.numel() else None
     if by_row is not None and torch.allclose(z[~nan], by_row[~nan], atol=1e-6):
         return ("What it looks like: row i of z got b[i] added to every element, not b[j] to "
@@ -145,6 +160,7 @@ HINTS = (
     "The bias has one value per column: load it with the column indices and add it as a row.",
 )
 NUDGES = {
+    "the rows are N apart": HINTS[1],
     "tl.load out of bounds": "a lane past the matrix's edge got through: does the mask test both "
                              "the rows and the columns, and the offsets use the row length N?",
     "tl.store out of bounds": "a lane past the matrix's edge got through: does the mask test "
@@ -176,6 +192,8 @@ register(Exercise(
     extra=(prepare_bias_rows,),
     mistakes=(Mistake("a mask on the rows only", _rows_mask_only, "out of bounds"),
               Mistake("the block size as the row length", _block_as_row_length,
+                      "the rows are N apart"),
+              Mistake("the number of rows M as the row length", _rows_as_row_length,
                       "the rows are N apart"),
               Mistake("the bias indexed by row", _bias_by_row, "the bias belongs to the columns"),
               Mistake("column indices without pid_n", _no_pid_n, "never written, in every row"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from course_lib import softmax as sm
-from course_lib.exercises import Exercise, Mistake, Question, Result, check, register
+from course_lib.exercises import Exercise, Mistake, Question, Result, _report, check, register
 
 NEG_INF = -np.inf
 
@@ -402,12 +402,66 @@ def check_blocked_softmax(student, show: bool = True) -> Result:
         return y
 
     with np.errstate(all="ignore"):  # a fully masked row is 0/0 = NaN, by the convention
-        return check("blocked_softmax", run, _blocked_spec, _blocked_cases(),
-                     hints=BLOCKED_HINTS, rtol=1e-9, atol=1e-12, show=show,
-                     describe=_describe_blocked,
-                     nudges={"never called the merge": MERGE_UNUSED_NUDGE,
-                             "could not be broadcast": BROADCAST_NUDGE,
-                             "expected nan": FULLY_MASKED_NUDGE})
+        result = check("blocked_softmax", run, _blocked_spec, _blocked_cases(),
+                       hints=BLOCKED_HINTS, rtol=1e-9, atol=1e-12, show=False,
+                       describe=_describe_blocked,
+                       nudges={"never called the merge": MERGE_UNUSED_NUDGE,
+                               "could not be broadcast": BROADCAST_NUDGE,
+                               "expected nan": FULLY_MASKED_NUDGE})
+        loop = _loop_diagnosis(student) if result.status == "wrong" else None
+    if loop:  # the blocks the loop merged tell its range apart where the outputs cannot
+        result = Result("blocked_softmax", False, result.message.split("\n  Diagnosis:")[0]
+                        .split("\n  Nudge:")[0] + f"\n  Diagnosis: {loop} "
+                        "More: hint('blocked_softmax').")
+    return _report(result, show)
+
+
+def _blocks_merged(student, s: int, B: int):
+    """Which blocks of a row of ``s`` (``B`` at a time) the student's loop folded in: the block
+    states that its calls of the merge received, and how many blocks the row has. None when
+    the loop raises."""
+    x = np.random.default_rng(7).standard_normal((2, s)) * 3
+    states = [sm.tile_md(x[..., lo:lo + B]) for lo in range(0, s, B)]
+    seen = set()
+
+    def recording(m1, d1, m2, d2):
+        for k, (m_b, d_b) in enumerate(states):
+            for m, d in ((m1, d1), (m2, d2)):
+                if np.shape(m) == m_b.shape and np.allclose(m, m_b, rtol=1e-12) and \
+                        np.allclose(d, d_b, rtol=1e-12):
+                    seen.add(k)
+        return sm.merge_md(m1, d1, m2, d2)
+
+    try:
+        student(x, B, recording)
+    except Exception:  # the check's own message says what raised
+        return None
+    return sorted(seen), len(states)
+
+
+def _loop_diagnosis(student) -> str | None:
+    """The loop's range, from the blocks it merges on a row that B divides and on one it does
+    not: on the second, the two loop mistakes give the same outputs, so only the blocks they
+    merge tell them apart."""
+    whole, ragged = _blocks_merged(student, 12, 4), _blocks_merged(student, 37, 8)
+    if whole is None or ragged is None:
+        return None
+    (w_seen, w_n), (r_seen, r_n) = whole, ragged
+
+    def of(seen, n):
+        return f"all {n} blocks" if len(seen) == n else f"{len(seen)} of its {n} blocks"
+
+    merged = (f"on a row of 12 with B = 4 it merged {of(w_seen, w_n)}; on a row of 37 with "
+              f"B = 8, {of(r_seen, r_n)} (the last one has {37 % 8} elements)")
+    if w_seen == list(range(w_n)) and r_seen == list(range(r_n - 1)):
+        return (f"your loop merges every whole block but never the shorter last one: {merged}. "
+                "A loop over the s // B whole blocks does that; the last s % B elements count "
+                "too.")
+    if w_seen == list(range(w_n - 1)) and r_seen == list(range(r_n - 1)):
+        return (f"your loop stops one block early, whole or short: {merged}. The last block "
+                "starts below the row length s, so the loop must go on while the start is "
+                "below s, not below s − B.")
+    return None
 
 
 def check_logsumexp(student, show: bool = True) -> Result:
@@ -444,11 +498,12 @@ register(Exercise(
            "merge from the empty state, then the output pass", lines=6,
     check=check_blocked_softmax, solution=_blocked_softmax_solution, stub=blocked_softmax,
     mistakes=(Mistake("the shorter last block dropped: only the s // B whole blocks merged",
-                      _blocked_ragged_dropped, "the last one of"),
-              # on a ragged row the two loops merge the same blocks: a dropped short block is
-              # told both; a loop that stops early already fails where B divides s, alone
+                      _blocked_ragged_dropped, "never the shorter last one"),
+              # on a row that B does not divide the two loops give the same outputs; the
+              # blocks they merge (_loop_diagnosis) tell them apart
               Mistake("the loop stops a block early, range(0, s − B, B): the last block is "
-                      "never merged, whole or short", _blocked_stops_early, "values differ"),
+                      "never merged, whole or short", _blocked_stops_early,
+                      "stops one block early"),
               Mistake("the row length taken from len(x), which is the number of rows of a "
                       "2-D x", _blocked_rows_for_length, "4 rows of 37"),
               Mistake("each block normalised by its own (m, d), not by the merged state of "
@@ -499,5 +554,6 @@ register(Question(
         "fit. The merges are cheap by comparison: 6 FLOPs per block and row, "
         f"{_blocked_flops(256, 16) / _blocked_flops(256, 256) - 1:.0%} more work at s = 256 "
         "with B = 16, and no extra memory traffic (3 accesses per element either way). So a "
-        "kernel picks the largest B that fits on chip (64 or 128 keys in FlashAttention) and "
+        "kernel picks the largest B that fits on chip (64 or 128 keys in the course's "
+        "FlashAttention kernels on a GPU: PORTABLE_CONFIGS in course_lib/kernels/flash_v2.py) and "
         "pays for the merges.")))

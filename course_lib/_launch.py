@@ -21,9 +21,10 @@ device and 16-byte alignment (a TMA descriptor's too, with its shape, strides an
 every integer's specialization class (equal to 1, a multiple of 16, 32-bit or not), every
 other argument's value, and the keyword arguments (constexprs, num_warps, num_stages).
 The fast path is skipped, and Triton does everything, in the interpreter, when a launch hook is
-installed (a profiler), when the grid is a callable, and with a Triton version whose launcher
-interface has not been checked on a GPU against the slow path (``TESTED_TRITON``: the launcher's
-arguments are internal to Triton and change between versions; ``FAST`` is then False).
+installed (a profiler) and when the grid is a callable. Triton's C launcher is internal to
+Triton and its arguments changed at 3.7 (``_direct`` knows both forms: 3.6's, and the one of
+3.7 to 3.9); where it is neither, a launch calls the compiled kernel's ``run``, the interface
+Triton's own ``kernel[grid]`` calls, which every supported version shares.
 """
 from __future__ import annotations
 
@@ -38,13 +39,12 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from course_lib._device import INTERPRET
 
-# Versions whose CompiledKernel.run(gx, gy, gz, stream, function, packed_metadata,
-# launch_metadata, enter_hook, exit_hook, *args) was checked on an H100 (tests/test_ops.py's
-# GPU test compares the fast path with Triton's own launch, output for output).
-TESTED_TRITON = ("3.6",)
+# The Triton versions the course supports; tests/test_ops.py's GPU tests compare the fast path
+# with Triton's own launch, output for output, on the installed one.
+SUPPORTED_TRITON = ("3.6", "3.7", "3.8", "3.9")
 _MAX_ENTRIES = 512
 _CACHE: collections.OrderedDict = collections.OrderedDict()
-FAST = not INTERPRET and triton.__version__.rsplit(".", 1)[0] in TESTED_TRITON
+FAST = not INTERPRET and triton.__version__.rsplit(".", 1)[0] in SUPPORTED_TRITON
 SLOW_LAUNCHES = 0  # launches that went through Triton's own path (the tests read it)
 
 
@@ -114,31 +114,37 @@ def _grid3(grid) -> tuple:
     return g[0], g[1], g[2]
 
 
-class _Entry:
-    """A compiled kernel and how to call its launcher: Triton's C function directly when the
-    kernel needs no scratch memory (the Python wrapper around it then only adds time)."""
+def _direct(compiled):
+    """``call(gx, gy, gz, stream, args)``: the compiled kernel's launch with no launch hooks, as
+    one call into Triton's C launcher where the kernel needs no scratch memory (the Python
+    wrapper around it then only adds time), else through ``compiled.run``."""
+    run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+    direct = getattr(run, "launch", None)
+    if (direct is None or getattr(run, "global_scratch_size", 1) != 0
+            or getattr(run, "profile_scratch_size", 1) != 0 or getattr(run, "gsan_enabled", False)):
+        return lambda gx, gy, gz, stream, args: run(gx, gy, gz, stream, function, packed, None,
+                                                    None, None, *args)
+    coop, pdl = run.launch_cooperative_grid, run.launch_pdl
+    if hasattr(run, "arg_annotations"):  # Triton 3.7 to 3.9: the arguments as one tuple
+        notes, signature = run.arg_annotations, run.kernel_signature
+        return lambda gx, gy, gz, stream, args: direct(gx, gy, gz, stream, function, coop, pdl,
+                                                       packed, None, None, None, None, None,
+                                                       notes, signature, tuple(args))
+    return lambda gx, gy, gz, stream, args: direct(gx, gy, gz, stream, function, coop, pdl,  # 3.6
+                                                   None, None, packed, None, None, None, *args)
 
-    __slots__ = ("compiled", "tail", "direct", "extra")
+
+class _Entry:
+    """A compiled kernel, the values of its trailing parameters, and how to call its launcher."""
+
+    __slots__ = ("compiled", "tail", "call")
 
     def __init__(self, compiled, tail):
-        self.compiled, self.tail = compiled, tail
-        run = compiled.run
-        self.direct = None
-        if (getattr(run, "global_scratch_size", 1) == 0
-                and getattr(run, "profile_scratch_size", 1) == 0
-                and hasattr(run, "launch") and hasattr(run, "launch_pdl")):
-            self.direct = run.launch
-            self.extra = (run.launch_cooperative_grid, run.launch_pdl, None, None)
+        self.compiled, self.tail, self.call = compiled, tail, _direct(compiled)
 
     def __call__(self, grid, stream, args):
-        c = self.compiled
         gx, gy, gz = _grid3(grid)
-        if self.direct is not None:
-            self.direct(gx, gy, gz, stream, c.function, *self.extra, c.packed_metadata,
-                        None, None, None, *_pointers(args), *self.tail)
-        else:
-            c.run(gx, gy, gz, stream, c.function, c.packed_metadata, None, None, None,
-                  *_pointers(args), *self.tail)
+        self.call(gx, gy, gz, stream, [*_pointers(args), *self.tail])
 
 
 def _launch(kernel, grid, args, kwargs):
@@ -190,39 +196,27 @@ def bind(free, kernel, grid, *args, **kwargs):
         kernel[grid](*args, **kwargs)
         return None
     _, entry = _launch(kernel, grid, args, kwargs)
-    if entry is None or entry.direct is None or hooks_installed():
+    if entry is None or hooks_installed():
         return None
     gx, gy, gz = _grid3(grid)
-    direct, function, packed = entry.direct, entry.compiled.function, entry.compiled.packed_metadata
-    coop, pdl, scratch, profile = entry.extra
+    call, tail = entry.call, entry.tail
     get_stream, device = _driver.active.get_current_stream, _driver.active.get_current_device()
-    if not isinstance(free, int):  # free positions anywhere: values spliced into a template
-        template, positions = [*_pointers(args), *entry.tail], tuple(free)
-        if any(isinstance(args[i], TensorDescriptor) for i in positions):
-            raise ValueError("bind: a TMA descriptor can be free only among the first n")
+    template = [*_pointers(args), *tail]
+    if isinstance(free, int):
+        free = tuple(range(free))
+    descs = {i: args[i] for i in free if isinstance(args[i], TensorDescriptor)}
+    if not descs and free == tuple(range(len(free))):  # the first n: the common, fastest case
+        fixed = template[len(free):]
 
         def again(*values):
-            a = template.copy()
-            for i, x in zip(positions, values):
-                a[i] = x
-            direct(gx, gy, gz, get_stream(device), function, coop, pdl, scratch, profile,
-                   packed, None, None, None, *a)
-        return again
-    n_free = free
-    fixed = (*_pointers(args[n_free:]), *entry.tail)
-    descs = [(i, a) for i, a in enumerate(args[:n_free]) if isinstance(a, TensorDescriptor)]
-    if descs:
-        def again(*addresses):
-            moved = list(addresses)
-            for i, d in descs:
-                moved[i] = _DescriptorAt(addresses[i], d)
-            direct(gx, gy, gz, get_stream(device), function, coop, pdl, scratch, profile, packed,
-                   None, None, None, *moved, *fixed)
+            call(gx, gy, gz, get_stream(device), [*values, *fixed])
         return again
 
-    def again(*addresses):
-        direct(gx, gy, gz, get_stream(device), function, coop, pdl, scratch, profile, packed,
-               None, None, None, *addresses, *fixed)
+    def again(*values):
+        a = template.copy()
+        for i, x in zip(free, values):
+            a[i] = _DescriptorAt(x, descs[i]) if i in descs else x
+        call(gx, gy, gz, get_stream(device), a)
 
     return again
 

@@ -363,7 +363,7 @@ def test_fast_launch_equals_tritons_own_launch(monkeypatch):
     from course_lib import _launch
 
     if not _launch.FAST:
-        pytest.skip(f"triton {__import__('triton').__version__} is not in TESTED_TRITON")
+        pytest.skip(f"triton {__import__('triton').__version__} is not in SUPPORTED_TRITON")
     _launch._CACHE.clear()
     opd._PLANS.clear()
     q, k, v, lens = _decode_inputs(B=2, H=32, H_kv=8, N_max=1000, D=128, lengths=(1000, 77))
@@ -392,7 +392,6 @@ def test_fast_launch_equals_tritons_own_launch(monkeypatch):
     assert len(opd._REPEATS) >= 2  # (q, k, v) and a growing cache's keys: repeated launches
     monkeypatch.setattr(_launch, "FAST", False)
     monkeypatch.setattr(opd, "_REPEATS", {})  # (remembered launches, made fast: forgotten)
-    monkeypatch.setattr(ops.attention, "_CHECKED", {})
     for kg, o in zip(growing, grown):
         torch.testing.assert_close(o, ops.flash_decode(q1, kg, kg), rtol=0, atol=0)
     slow = ops.flash_decode(q, k, v, cache_seqlens=lens)
@@ -403,25 +402,28 @@ def test_fast_launch_equals_tritons_own_launch(monkeypatch):
         torch.testing.assert_close(o, attn_slow, rtol=0, atol=0)
 
 
-@pytest.mark.skipif(not ON_GPU or "hopper" not in ops.IMPLS,
-                    reason="the Hopper kernel's bound launch runs on an sm_90 GPU only")
-@pytest.mark.parametrize("n", [300, 2048])  # a fixed config; the autotuner's pick
-def test_bound_hopper_launch_equals_tritons_own_launch(n, monkeypatch):
-    """forward_hopper repeats its bound launch (four TMA descriptors moved to new addresses)
-    for new tensors of the same shape: the same bits as Triton's own launch."""
+@pytest.mark.skipif(not ON_GPU, reason="the fast path runs on a GPU only")
+@pytest.mark.parametrize("impl,n", [("portable", 300), ("portable", 2048), ("hopper", 300),
+                                    ("hopper", 2048)])  # a table's config; the autotuner's
+def test_the_fast_path_equals_tritons_own_launch(impl, n, monkeypatch):
+    """flash_attn_v2's fast path (the kept launch, bound to everything but the addresses; the
+    Hopper kernel's four TMA descriptors moved to them) for new tensors of the same shape: no
+    launch through Triton after the first call, and the same bits as Triton's own launch."""
     from course_lib import _launch
-    from course_lib.kernels import flash_v2_hopper as fh
 
     if not _launch.FAST:
-        pytest.skip(f"triton {__import__('triton').__version__} is not in TESTED_TRITON")
-    fh._BOUND.clear()
-    inputs = [_qkv(B=1, H=8, H_kv=2, N_q=n, N_k=n, D=64, dtype=torch.float16)
+        pytest.skip(f"triton {__import__('triton').__version__} is not in SUPPORTED_TRITON")
+    if impl not in ops.IMPLS:
+        pytest.skip("the Hopper kernel runs on an sm_90 GPU only")
+    inputs = [_qkv(B=1, H=8, H_kv=2, N_q=n, N_k=n + 5, D=64, dtype=torch.float16)
               for _ in range(4)]
-    got = [ops.flash_attn_v2(*t, causal=True, impl="hopper") for t in inputs]
-    assert len(fh._BOUND) == 1
+    got = [ops.flash_attn_v2(*inputs[0], causal=True, impl=impl)]
+    slow = _launch.SLOW_LAUNCHES
+    got += [ops.flash_attn_v2(*t, causal=True, impl=impl) for t in inputs[1:]]
+    assert _launch.SLOW_LAUNCHES == slow, "a repeated call went through Triton's launch"
     monkeypatch.setattr(_launch, "FAST", False)
     for t, g in zip(inputs, got):
-        torch.testing.assert_close(g, ops.flash_attn_v2(*t, causal=True, impl="hopper"),
+        torch.testing.assert_close(g, ops.flash_attn_v2(*t, causal=True, impl=impl),
                                    rtol=0, atol=0)
 
 
@@ -433,7 +435,7 @@ def test_bound_plan_steps_equal_tritons_own_launch(merge, monkeypatch):
     from course_lib import _launch
 
     if not _launch.FAST:
-        pytest.skip(f"triton {__import__('triton').__version__} is not in TESTED_TRITON")
+        pytest.skip(f"triton {__import__('triton').__version__} is not in SUPPORTED_TRITON")
     q, k, v, lens = _decode_inputs(B=2, H=32, H_kv=8, N_max=1000, D=128, lengths=(1000, 77))
     q, k, v = (t.half() for t in (q, k, v))
     plan = ops.plan_decode(q, k, v, merge=merge)
@@ -470,10 +472,13 @@ def test_launch_key_counts_integers_by_their_specialization_class():
     assert key(True) != key(1) and key(0.5) == key(2.5)
 
 
-def test_fast_launch_plumbing_with_a_stand_in_for_triton(monkeypatch):
+@pytest.mark.parametrize("layout", ["3.6", "3.7"])
+def test_fast_launch_plumbing_with_a_stand_in_for_triton(layout, monkeypatch):
     """course_lib._launch's cache, key classes and bound launches, on any machine: a stand-in
-    kernel and launcher record what the fast path hands Triton's C launcher (the GPU test
-    above checks the same path against Triton's own launch)."""
+    kernel and launcher record what the fast path hands Triton's C launcher, in 3.6's form
+    (the arguments spread) and in the form of 3.7 to 3.9 (annotations, the signature, the
+    arguments as one tuple). The GPU tests above check the installed Triton's against its own
+    launch."""
     import collections
     import inspect
     import types
@@ -482,13 +487,19 @@ def test_fast_launch_plumbing_with_a_stand_in_for_triton(monkeypatch):
 
     calls = []
 
-    class Launcher:  # Triton 3.6's CudaLauncher: its C function and flags
+    class Launcher:  # Triton's CudaLauncher: its C function and flags
         global_scratch_size = profile_scratch_size = 0
         launch_cooperative_grid = launch_pdl = False
 
         def launch(self, *a):
-            calls.append(("fast", a))
+            if layout == "3.6":
+                calls.append(("fast", a))
+            else:  # (..., coop, pdl, packed, None x 5, notes, signature, args): as 3.6 lays it
+                assert a[13:15] == ("notes", "sig") and type(a[15]) is tuple
+                calls.append(("fast", (*a[:7], None, None, a[7], None, None, None, *a[15])))
 
+    if layout != "3.6":
+        Launcher.arg_annotations, Launcher.kernel_signature = "notes", "sig"
     compiled = types.SimpleNamespace(function=7, packed_metadata=(4, 1, 0), run=Launcher())
 
     class Kernel:
@@ -538,29 +549,6 @@ def test_fast_launch_plumbing_with_a_stand_in_for_triton(monkeypatch):
     assert moved.base.data_ptr() == y.data_ptr()
     assert (list(moved.shape), list(moved.strides), list(moved.block_shape), moved.padding) == (
         list(desc.shape), list(desc.strides), list(desc.block_shape), desc.padding)
-
-
-def test_bound_launch_cache_of_the_forward_kernels():
-    """repeat_bound / keep_bound, which both forward launchers use: a kept launch repeats only
-    at 16-byte-aligned addresses, a misaligned binding is never kept, and the dict starts over
-    past 1024 signatures."""
-    from course_lib.kernels.attention_common import keep_bound, repeat_bound
-
-    calls, bound = [], {}
-    aligned, misaligned = (16, 32, 48, 64, 80), (16, 32, 48, 64, 88)
-    assert not repeat_bound(bound, "sig", aligned)  # nothing kept yet
-    keep_bound(bound, "sig", None, aligned)  # nothing was bound (interpreter, slow path)
-    keep_bound(bound, "bad", calls.append, misaligned)
-    assert bound == {}
-    keep_bound(bound, "sig", lambda *p: calls.append(p), aligned)
-    assert repeat_bound(bound, "sig", (160, 320, 480, 640, 800))
-    assert calls == [(160, 320, 480, 640, 800)]
-    assert not repeat_bound(bound, "sig", misaligned) and len(calls) == 1
-    for i in range(1023):
-        keep_bound(bound, i, calls.append, aligned)
-    assert len(bound) == 1024
-    keep_bound(bound, "new", calls.append, aligned)
-    assert list(bound) == ["new"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -645,49 +633,49 @@ def test_a_kept_output_layout_allocates_like_q_only_where_that_is_os_layout():
 
 
 def test_a_forward_call_shaped_like_an_earlier_one_skips_the_checks(monkeypatch):
-    """flash_attn_v2's remembered checks (ops.attention._CHECKED; the GPU's, turned on here):
-    same answer, checked once; bad input and calls that need the autograd or the lse still go
-    the checked way."""
+    """flash_attn_v2's fast path (the GPU's, turned on here, with a stand-in for the bound
+    launch, which the interpreter never makes): the second call with the first's key is an
+    allocation laid out as q is and the kept launch at the new addresses, with no checks; bad
+    input, a misaligned input, a profiler, and calls that need the autograd or the lse go the
+    checked way."""
+    from course_lib import _launch
     from course_lib.ops import attention as oa
     from course_lib.reference import attention
 
+    launched, checks = [], []
+
+    def stand_in(q, k, v, causal, sm_scale, out=None, store_lse=True, bind=False):
+        o, lse = oa.forward_portable(q, k, v, causal, sm_scale, out, store_lse)
+        return (o, lse, lambda *p: launched.append(p)) if bind else (o, lse)
+
     monkeypatch.setattr(oa, "_REMEMBER", True)
-    monkeypatch.setattr(oa, "_CHECKED", {})
-    checks = []
+    monkeypatch.setattr(_launch, "FAST", True)
+    monkeypatch.setattr(oa, "_FORWARDS", {impl: stand_in for impl in oa.IMPLS})
     real_check = oa.check_attention_inputs
     monkeypatch.setattr(oa, "check_attention_inputs",
                         lambda *a: checks.append(1) or real_check(*a))
     q, k, v = _qkv(N_q=7, N_k=7)
-    first = ops.flash_attn_v2(q, k, v, causal=True)
-    q2, k2, v2 = (fresh_randn(*t.shape) for t in (q, k, v))
-    again = ops.flash_attn_v2(q2, k2, v2, causal=True)
-    assert len(checks) == 1
-    for o, (a, b, c) in ((first, (q, k, v)), (again, (q2, k2, v2))):
-        torch.testing.assert_close(o, attention(a, b, c, causal=True).to(o.dtype),
-                                   rtol=1e-4, atol=1e-4)
-    with pytest.raises(TypeError, match="causal"):
-        ops.flash_attn_v2(q, k, v, causal=1)  # 1 == True, but not a bool
-    with pytest.raises(ValueError, match="impl"):
-        ops.flash_attn_v2(q, k, v, causal=True, impl=["portable"])  # unhashable, and no impl
-    o, lse = ops.flash_attn_v2(q, k, v, causal=True, return_lse=True)
-    assert lse.shape == (2, 4, 7)
-    ops.flash_attn_v2(q, k, v, causal=True, impl="portable")
-    ops.flash_attn_v2(q2, k2, v2, causal=True, impl="portable")  # remembered with its impl
-    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
-    ops.flash_attn_v2(qg, kg, vg, causal=True).sum().backward()
-    assert qg.grad is not None and torch.isfinite(qg.grad).all()
-    assert len(checks) == 6
-    # On the GPU the portable kernel's launch is bound (a stand-in here): a remembered call is
-    # an allocation, laid out as q is, and that launch with the new addresses.
-    launched = []
-    monkeypatch.setattr(oa, "bound_launch", lambda *a: lambda *p: launched.append(p))
-    monkeypatch.setattr(oa, "_CHECKED", {})
     qt = fresh_randn(2, 7, 4, 16).transpose(1, 2)  # (B, H, N, D) seen through a transpose
-    ops.flash_attn_v2(qt, k, v, causal=True)
-    o = ops.flash_attn_v2(qt, k2, v2, causal=True)
+    first = ops.flash_attn_v2(qt, k, v, causal=True, sm_scale=0.3)
+    torch.testing.assert_close(first, attention(qt, k, v, causal=True, sm_scale=0.3),
+                               rtol=1e-4, atol=1e-4)
+    k2, v2 = fresh_randn(*k.shape), fresh_randn(*v.shape)
+    o = ops.flash_attn_v2(qt, k2, v2, causal=True, sm_scale=0.3)
+    assert len(checks) == 1, "the repeated call was checked again"
     assert launched == [(qt.data_ptr(), k2.data_ptr(), v2.data_ptr(), o.data_ptr(),
                          o.data_ptr())]
     assert o.shape == qt.shape and o.transpose(1, 2).is_contiguous()
+    with pytest.raises(TypeError, match="causal"):
+        ops.flash_attn_v2(qt, k, v, causal=1, sm_scale=0.3)  # 1 == True, but not a bool
+    with pytest.raises(ValueError, match="impl"):
+        ops.flash_attn_v2(qt, k, v, causal=True, impl=["portable"])  # unhashable, and no impl
+    store = torch.empty(k.numel() + 1, dtype=k.dtype)
+    ops.flash_attn_v2(qt, store[1:].view(k.shape).copy_(k), v, causal=True, sm_scale=0.3)
+    o, lse = ops.flash_attn_v2(qt, k, v, causal=True, sm_scale=0.3, return_lse=True)
+    assert lse.shape == (2, 4, 7)
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    ops.flash_attn_v2(qg, kg, vg, causal=True).sum().backward()
+    assert qg.grad is not None and torch.isfinite(qg.grad).all()
     monkeypatch.setattr(oa, "hooks_installed", lambda: True)  # a profiler: Triton launches
-    ops.flash_attn_v2(qt, k2, v2, causal=True)
-    assert len(launched) == 1 and len(checks) == 8
+    ops.flash_attn_v2(qt, k2, v2, causal=True, sm_scale=0.3)
+    assert len(launched) == 1 and len(checks) == 7

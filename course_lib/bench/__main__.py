@@ -1,11 +1,12 @@
-"""python -m course_lib.bench {attention,decode,dropin,matmul,hbm,memory,hopper,variants} [options]
+"""python -m course_lib.bench {attention,decode,dropin,host,matmul,hbm,memory,hopper,variants} [opts]
 
 Each subject lives in its own module (course_lib/bench/<subject>.py) with a ``main(argv)``.
 """
 import importlib
 import sys
 
-SUBJECTS = ("attention", "decode", "dropin", "matmul", "hbm", "memory", "hopper", "variants")
+SUBJECTS = ("attention", "decode", "dropin", "host", "matmul", "hbm", "memory", "hopper",
+            "variants")
 
 
 def main(argv=None) -> int:

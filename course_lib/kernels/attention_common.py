@@ -17,7 +17,8 @@ and its launcher.
   the config tables are keyed by the padded dim);
 * ``_q_block_program``: which Q block and head a program owns (Q blocks fastest, GQA heads
   neighbours, causal grids longest rows first);
-* ``launch``: interpreter blocks, a fixed config, or the autotuner, by length;
+* ``launch``: a config from the kernel's table, or an autotuner's pick for long sequences,
+  and the launch bound for repeating it (``course_lib._launch.bind``);
 * ``_bwd_preprocess_kernel``: the backward's first step, delta = rowsum(dO ∘ O) and the lse in
   base 2 (``flash_bwd.py`` and the variants' ``flash_variants_bwd.py``).
 """
@@ -31,7 +32,7 @@ import triton
 import triton.language as tl
 
 from course_lib._device import INTERPRET
-from course_lib._launch import bind, hooks_installed
+from course_lib._launch import bind
 from course_lib._launch import launch as fast_launch
 
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis, which carries batch x heads
@@ -206,72 +207,43 @@ def _q_block_program(H, GROUP, CAUSAL: tl.constexpr):
     return pid_m, pid_bh, b, h, h // GROUP
 
 
-# Autotuning compiles every kept config once per (head dim, causal, dtype, group) and times
-# them once per length bucket: worth it for long sequences only. Shorter problems (and the
-# first call of every new shape in a test-suite) use the first kept config directly.
+# Autotuning compiles every candidate once per (head dim, causal, dtype, group) and times them
+# once per length bucket: worth it for long sequences only. Shorter problems (and the first
+# call of every new shape in a test-suite) take the kernel's table's config directly.
 AUTOTUNE_MIN_N = 2048
 INTERPRETER_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 16}
 
-_FIRST_KEPT: dict = {}
-_TUNED_PICK: dict = {}  # (autotuner, meta, ints, dtype) -> the config it picked
 
+def launch(kernel, grid_of, args, meta, config, tuned=None, prepare=None, free: int = 0):
+    """Launch ``kernel`` with ``config`` (a ``triton.Config`` from the kernel's table).
 
-def launch(kernel, tuned, configs, keep, grid_of, args, meta, n_bucket, prepare=None,
-           bind_free: int = 0):
-    """Launch ``kernel`` in one of three ways: interpreter blocks, a fixed config, or autotuned.
-
-    ``grid_of(BLOCK_M)`` gives the grid. ``prepare(blocks)`` readies a fixed config's launch the
-    way the autotuner's config pre-hook readies a tuned one (the TMA descriptors' block shapes).
-    The autotuner is asked once per shape (every integer argument, the metadata and the dtype:
-    a finer key than its own); later calls launch its pick directly, through
-    ``course_lib._launch``, without the autotuner's per-call host work. ``bind_free`` > 0:
-    return the launch bound to every argument but the first ``bind_free`` addresses
-    (``course_lib._launch.bind``), or None.
+    ``grid_of(BLOCK_M)`` gives the grid. ``tuned``: an autotuner over candidates that picks the
+    config instead, on a GPU. ``prepare(blocks)`` readies the launch for the config's blocks (the
+    TMA descriptors' block shapes). In the interpreter the blocks are ``INTERPRETER_BLOCKS``
+    (the GPU's code path, small tiles). ``free`` > 0: return the launch bound to every argument
+    but the first ``free`` addresses (``course_lib._launch.bind``), or None where none is bound.
     """
-    if not INTERPRET and n_bucket >= AUTOTUNE_MIN_N:
-        first = args[0]
-        dtype = first.dtype if isinstance(first, torch.Tensor) else first.base.dtype
-        tune_key = (id(tuned), dtype, *meta.items(), *(a for a in args if type(a) is int))
-        cfg = _TUNED_PICK.get(tune_key)
-        if cfg is None:
-            tuned[lambda m: grid_of(m["BLOCK_M"])](*args, **meta)
-            if len(_TUNED_PICK) >= 4096:  # many shapes (every prompt length): start over
-                _TUNED_PICK.clear()
-            _TUNED_PICK[tune_key] = tuned.best_config
+    if tuned is not None and not INTERPRET:
+        tuned[lambda m: grid_of(m["BLOCK_M"])](*args, **meta)
+        if not free:
             return None
+        config = tuned.best_config  # and launch it once more, bound (the same result)
+    if INTERPRET:
+        blocks, options = {**config.kwargs, **INTERPRETER_BLOCKS}, {}
     else:
-        cfg_key = (id(configs), keep, n_bucket, *meta.items())
-        cfg = _FIRST_KEPT.get(cfg_key)
-        if cfg is None:  # the filter runs once per (configs, length bucket, head dim, causal, ...)
-            cfg = _FIRST_KEPT[cfg_key] = keep(configs, {"N_BUCKET": n_bucket}, **meta)[0]
-    if INTERPRET:  # the GPU's code path (Q_IN_REGS, ROWSUM_MMA, ...) with small tiles
-        blocks, options = {**cfg.kwargs, **INTERPRETER_BLOCKS}, {}
-    else:
-        blocks, options = cfg.kwargs, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+        blocks, options = config.kwargs, {"num_warps": config.num_warps,
+                                          "num_stages": config.num_stages}
     if prepare is not None:
         prepare(blocks)
-    if not INTERPRET:  # Triton's per-call host work once per key (course_lib._launch)
-        if bind_free:
-            return bind(bind_free, kernel, grid_of(blocks["BLOCK_M"]), *args, **meta, **blocks,
-                        **options)
-        fast_launch(kernel, grid_of(blocks["BLOCK_M"]), *args, **meta, **blocks, **options)
+    grid = grid_of(blocks["BLOCK_M"])
+    if INTERPRET:
+        with interpreter_errstate():
+            kernel[grid](*args, **meta, **blocks, **options)
         return None
-    with interpreter_errstate():
-        kernel[grid_of(blocks["BLOCK_M"])](*args, **meta, **blocks, **options)
+    if free:
+        return bind(free, kernel, grid, *args, **meta, **blocks, **options)
+    fast_launch(kernel, grid, *args, **meta, **blocks, **options)
     return None
-
-
-def repeat_bound(bound: dict, sig, ptrs) -> bool:
-    """Repeat the launch that ``bound`` keeps for the call signature ``sig`` at the addresses
-    ``ptrs`` (q, k, v, o, lse; ``course_lib._launch.bind``). False, and nothing launched, where
-    none is kept, an address is not 16-byte aligned (the compiled kernel assumes it) or
-    profiler hooks are installed."""
-    again = bound.get(sig)
-    q, k, v, o, lse = ptrs
-    if again is None or (q | k | v | o | lse) & 15 or hooks_installed():
-        return False
-    again(*ptrs)
-    return True
 
 
 def keep(memo: dict, key, value, limit: int) -> None:
@@ -283,11 +255,9 @@ def keep(memo: dict, key, value, limit: int) -> None:
     memo[key] = value
 
 
-def keep_bound(bound: dict, sig, again, ptrs) -> None:
-    """Keep the bound launch ``again`` (None: none was bound) for ``sig``, if the addresses it
-    was bound at are 16-byte aligned (``keep``, up to 1024 signatures)."""
-    if again is not None and not any(p & 15 for p in ptrs):
-        keep(bound, sig, again, 1024)
+def aligned(*tensors) -> bool:
+    """Whether every address is 16-byte aligned, as a bound launch's compiled kernel assumes."""
+    return not any(t.data_ptr() & 15 for t in tensors)
 
 
 def interpreter_errstate():
@@ -328,7 +298,7 @@ def empty_output(q, empty=None):
 class OutputLike:
     """``empty_output``'s choice for one call, kept: ``self(empty, q)`` allocates another O with
     the shape, dtype, device and layout of ``o``, for a call shaped like that one, without
-    reading its q again (a call that repeats a bound launch: ``ops``' ``_Repeat``, ``_Bound``).
+    reading its q again (a call that repeats a bound launch: ``ops``' ``_Repeat``, ``_FastCall``).
     Where ``torch.empty_like(q)`` gives that O (a dense q: O takes its strides), it is used: it
     parses no shape, dtype or device, a microsecond or two of host time per call. ``empty``
     (the tests' poisoned allocator) is honoured when given."""

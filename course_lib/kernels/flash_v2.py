@@ -44,7 +44,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from course_lib._device import INTERPRET
 from course_lib.kernels.attention_common import (  # noqa: F401 (the lesson reads them here)
     AUTOTUNE_MIN_N,
     INTERPRETER_BLOCKS,
@@ -53,14 +52,13 @@ from course_lib.kernels.attention_common import (  # noqa: F401 (the lesson read
     _online_softmax_step,
     _q_block_program,
     _softmax_scores,
+    aligned,
     allocate_outputs,
     cdiv,
     dot_precision,
     head_dim_pad,
-    keep_bound,
     launch,
     next_pow2,
-    repeat_bound,
 )
 from course_lib.reference import LOG2E  # noqa: F401 (notebook 08 reads LOG2E here)
 
@@ -192,50 +190,35 @@ _portable_tuned = triton.autotune(
 )(_flash_fwd_v2_kernel)
 
 
-# signature -> the launch bound to it (course_lib._launch.bind): everything but the addresses
-_BOUND: dict = {}
+def portable_config(head_dim: int) -> triton.Config:
+    """The config below ``AUTOTUNE_MIN_N`` keys (and in the interpreter, with its small blocks):
+    the first candidate ``keep_config_for_head_dim`` keeps for this head dim."""
+    return keep_config_for_head_dim(PORTABLE_CONFIGS, {"HEAD_DIM": head_dim})[0]
 
 
-def _signature(q, k, v, o, causal, sm_scale, store_lse) -> tuple:
-    """What a bound launch of the portable kernel depends on besides the addresses."""
-    return (q.shape, k.shape, q.stride(), k.stride(), v.stride(), o.stride(), q.dtype, causal,
-            sm_scale, q.get_device(), store_lse)
-
-
-def bound_launch(q, k, v, o, causal, sm_scale):
-    """The launch that ``forward_portable(q, k, v, causal, sm_scale, store_lse=False)`` kept
-    for tensors with these shapes, strides, dtype and device (``o``: its output), or None.
-    ``again(q, k, v, o, o)``, given the addresses of new such tensors, 16-byte aligned, is
-    that call on them (lse not stored), when no profiler hooks are installed."""
-    return _BOUND.get(_signature(q, k, v, o, causal, sm_scale, False))
-
-
-def forward_portable(q, k, v, causal, sm_scale, out=None, store_lse=True):
+def forward_portable(q, k, v, causal, sm_scale, out=None, store_lse=True, bind=False):
     """The portable kernel's launcher: (o, lse) of validated inputs (``out``: preallocated).
     ``store_lse=False``: the kernel stores O alone and lse is None (inference).
 
-    A call whose shapes, strides, dtype, device, ``causal`` and ``sm_scale`` equal an earlier
-    call's repeats that call's bound launch with the new addresses: the config lookup and the
-    launch key are skipped (lesson 12, section 8, measures the host time this saves)."""
+    ``bind``: also return the launch bound to everything but the five addresses (q, k, v, o,
+    lse; ``course_lib._launch.bind``): ``again(q, k, v, o, lse)`` repeats this call for new
+    tensors of the same shapes, strides, dtype and device (16-byte aligned, as these are). None
+    where nothing was bound (the interpreter; an input copied here; a misaligned address)."""
     B, H, N_Q, D = q.shape
     H_KV, N_K = k.shape[1], k.shape[2]
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    given = (q, k, v)
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in given)
     o, lse = allocate_outputs(q, out, store_lse)
     lse_arg = o if lse is None else lse  # (never written without store_lse)
     sq, sk, sv, so = q.stride(), k.stride(), v.stride(), o.stride()
-    sig = ptrs = None  # the interpreter binds nothing
-    if not INTERPRET:
-        sig = _signature(q, k, v, o, causal, sm_scale, store_lse)
-        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse_arg.data_ptr())
-        if repeat_bound(_BOUND, sig, ptrs):
-            return o, lse
     args = (q, k, v, o, lse_arg,
             sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[1], so[2],
             sm_scale * LOG2E, H, H // H_KV, N_Q, N_K, next_pow2(max(N_Q, N_K)))
     meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype),
             "STORE_LSE": bool(store_lse)}
-    again = launch(_flash_fwd_v2_kernel, _portable_tuned, PORTABLE_CONFIGS,
-                   keep_config_for_head_dim, lambda bm: (cdiv(N_Q, bm), B * H), args, meta,
-                   args[-1], bind_free=5)
-    keep_bound(_BOUND, sig, again, ptrs)
-    return o, lse
+    bindable = (bind and all(a is b for a, b in zip((q, k, v), given))
+                and aligned(q, k, v, o, lse_arg))
+    again = launch(_flash_fwd_v2_kernel, lambda bm: (cdiv(N_Q, bm), B * H), args, meta,
+                   portable_config(D), _portable_tuned if args[-1] >= AUTOTUNE_MIN_N else None,
+                   free=5 if bindable else 0)
+    return (o, lse, again) if bind else (o, lse)

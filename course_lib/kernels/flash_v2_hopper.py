@@ -57,13 +57,12 @@ from course_lib.kernels.attention_common import (
     _online_softmax_step,
     _q_block_program,
     _softmax_scores,
+    aligned,
     allocate_outputs,
     cdiv,
     dot_precision,
-    keep_bound,
     launch,
     next_pow2,
-    repeat_bound,
 )
 from course_lib.reference import LOG2E
 
@@ -231,8 +230,8 @@ HOPPER_CONFIGS = [
 # PINNED_MAX): one per head dim, causal or not, chosen by paired measurements (every round SDPA
 # FLASH, each config, FLASH again; course_lib/data/hopper_tiles.json, hopper_rowsum.json,
 # hopper_pinned.json): the best or within the runs' spread of the best at every shape measured
-# (notebook 09's case study prints where it is not first). With one candidate the autotuner
-# cannot crown a loser, which timing each candidate once sometimes did. Why each: D 64, 128 x 64
+# (notebook 09's case study prints where it is not first). No autotuner: ``hopper_config`` looks
+# the config up, and the other candidates live on for the tile benchmark. Why each: D 64, 128 x 64
 # tiles, two programs per SM; D 128, 64 x 64 tiles, two programs per SM overlapping one's softmax
 # with the other's MMAs, row sums on the tensor cores; D 256, the only tiles that fit.
 _HOPPER_KEEP = {
@@ -253,8 +252,8 @@ def _head_dim_class(d: int) -> int:
 
 
 def keep_hopper_config(configs, named_args, **kwargs):
-    """Autotune filter: the configs ``_HOPPER_KEEP`` lists for this head dim, in its order (the
-    last config if none is there).
+    """The configs ``_HOPPER_KEEP`` lists for this head dim among ``configs``, in its order (the
+    last config if none is there): the kernel's config table, read by ``hopper_config``.
 
     HEAD_DIM <= 64 keeps 128 x 64 tiles (128-wide key tiles lost at D 64), HEAD_DIM 128 64 x 64
     tiles (two programs per SM), HEAD_DIM 256 64 x 64 tiles with 2 stages (Q tile 32 KB + 2 stages
@@ -276,11 +275,12 @@ def keep_hopper_config(configs, named_args, **kwargs):
     return kept or configs[-1:]
 
 
-_hopper_tuned = triton.autotune(
-    configs=HOPPER_CONFIGS,
-    key=["N_BUCKET", "HEAD_DIM", "CAUSAL", "DOT_PRECISION", "GROUP"],
-    prune_configs_by={"early_config_prune": keep_hopper_config},
-)(_flash_fwd_v2_hopper_kernel)
+def hopper_config(head_dim: int, causal: bool, n_bucket: int) -> triton.Config:
+    """The config the kernel runs: ``keep_hopper_config``'s one for this head dim, causal flag
+    and length bucket (no autotuner: one candidate is kept)."""
+    return keep_hopper_config(HOPPER_CONFIGS, {"HEAD_DIM": head_dim, "N_BUCKET": n_bucket},
+                              CAUSAL=causal)[0]
+
 
 def lse_rounding(dtype: torch.dtype, head_dim: int) -> float:
     """The largest error of this kernel's lse that comes from summing P after rounding it.
@@ -317,38 +317,32 @@ def tma_ready(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t)
 
 
-_BOUND: dict = {}  # launch signature -> the bound launch (course_lib._launch.bind)
-
-
-def forward_hopper(q, k, v, causal, sm_scale, out=None, store_lse=True):
+def forward_hopper(q, k, v, causal, sm_scale, out=None, store_lse=True, bind=False):
     """Forward on validated inputs with the TMA kernel: (o, lse; None without ``store_lse``).
     Power-of-two head dims only: a TMA tile spans the whole head dim, and ``best_impl`` sends
-    any other to the portable kernel, which pads it."""
+    any other to the portable kernel, which pads it. ``bind``: also return the bound launch, as
+    ``flash_v2.forward_portable`` does (its four TMA descriptors move to the new addresses:
+    ``course_lib._launch.bind``)."""
     B, H, N_Q, D = q.shape
     if D & (D - 1):
         raise ValueError(f"the Hopper kernel (impl='hopper') takes power-of-two head dims only, "
                          f"got head dim {D} of q; use impl='portable' (or None)")
     H_KV, N_K = k.shape[1], k.shape[2]
-    q, k, v = (tma_ready(t) for t in (q, k, v))
+    given = (q, k, v)
+    q, k, v = (tma_ready(t) for t in given)
     o, lse = allocate_outputs(q, out, store_lse)
     lse_arg = o if lse is None else lse  # (never written without store_lse)
-    ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), lse_arg.data_ptr())
-    # A call shaped like an earlier one repeats its bound launch at the new addresses: no
-    # descriptors built on the host, no config lookup, no launch key (course_lib._launch.bind;
-    # Triton's launcher still encodes the four TMA descriptors, in C).
-    sig = (q.shape, k.shape, q.stride(), k.stride(), v.stride(), o.stride(), q.dtype, causal,
-           sm_scale, q.get_device(), store_lse)
-    if repeat_bound(_BOUND, sig, ptrs):
-        return o, lse
-    # block shapes are placeholders: the autotuner's pre-hook or ``prepare`` below sets them
+    # block shapes are placeholders: ``_set_block_shapes`` below sets them for the config
     descs = [_descriptor(t, 16) for t in (q, k, v, o)]
     named = dict(zip(("desc_q", "desc_k", "desc_v", "desc_o"), descs), HEAD_DIM=D)
     args = (*descs, lse_arg, sm_scale * LOG2E, 1.0, H, H // H_KV, N_Q, N_K,
             next_pow2(max(N_Q, N_K)))
     meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype),
             "STORE_LSE": bool(store_lse)}
-    again = launch(_flash_fwd_v2_hopper_kernel, _hopper_tuned, HOPPER_CONFIGS,
-                   keep_hopper_config, lambda bm: (cdiv(N_Q, bm), B * H), args, meta, args[-1],
-                   prepare=lambda blocks: _set_block_shapes({**named, **blocks}), bind_free=5)
-    keep_bound(_BOUND, sig, again, ptrs)
-    return o, lse
+    bindable = (bind and all(a is b for a, b in zip((q, k, v), given))
+                and aligned(q, k, v, o, lse_arg))
+    again = launch(_flash_fwd_v2_hopper_kernel, lambda bm: (cdiv(N_Q, bm), B * H), args, meta,
+                   hopper_config(D, causal, args[-1]),
+                   prepare=lambda blocks: _set_block_shapes({**named, **blocks}),
+                   free=5 if bindable else 0)
+    return (o, lse, again) if bind else (o, lse)

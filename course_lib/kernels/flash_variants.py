@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from course_lib.kernels.attention_common import (
+    AUTOTUNE_MIN_N,
     _epilogue,
     _load_tile,
     _online_softmax_step,
@@ -186,8 +187,9 @@ def _launch(q, k, v, o, lse, sm_scale, window, softcap, alibi_slopes, sinks, cu,
             "HAS_SOFTCAP": softcap > 0, "HAS_ALIBI": alibi_slopes is not None,
             "HAS_SINKS": sinks is not None, "DOT_PRECISION": dot_precision(q.dtype),
             "STORE_LSE": lse is not None, "VARLEN": bool(cu)}
-    launch(_flash_fwd_variants_kernel, _variants_tuned, VARIANT_CONFIGS,
-           keep_config_for_head_dim, lambda bm: (cdiv(N_Q, bm), B * H), args, meta, args[-1])
+    config = keep_config_for_head_dim(VARIANT_CONFIGS, {"HEAD_DIM": D})[0]
+    launch(_flash_fwd_variants_kernel, lambda bm: (cdiv(N_Q, bm), B * H), args, meta, config,
+           _variants_tuned if args[-1] >= AUTOTUNE_MIN_N else None)
 
 
 def forward_variants(q, k, v, sm_scale: float, window: tuple[int, int], softcap: float,

@@ -205,19 +205,12 @@ def _shape(c):
 
 
 def keep_variants_hopper_config(configs, named_args, **kwargs):
-    """Autotune filter: the config ``_KEEP`` names for this head dim (the last if none)."""
+    """The config ``_KEEP`` names for this head dim among ``configs`` (the last if none): the
+    kernel's config table (no autotuner: one candidate is kept)."""
     d = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
     wanted = _KEEP[64 if d <= 64 else 128 if d <= 128 else 256]
     kept = [c for c in configs if _shape(c) in wanted]
     return kept or configs[-1:]
-
-
-_variants_hopper_tuned = triton.autotune(
-    configs=VARIANTS_HOPPER_CONFIGS,
-    key=["N_BUCKET", "HEAD_DIM", "LONGEST_FIRST", "HAS_SOFTCAP", "HAS_ALIBI", "HAS_SINKS",
-         "DOT_PRECISION", "GROUP"],
-    prune_configs_by={"early_config_prune": keep_variants_hopper_config},
-)(_flash_fwd_variants_hopper_kernel)
 
 
 def forward_variants_hopper(q, k, v, sm_scale: float, window: tuple[int, int], softcap: float,
@@ -252,9 +245,9 @@ def forward_variants_hopper(q, k, v, sm_scale: float, window: tuple[int, int], s
         _flash_fwd_variants_hopper_kernel[(cdiv(N_Q, blocks["BLOCK_M"]), B * H)](
             *args, **meta, **blocks, num_warps=config.num_warps, num_stages=config.num_stages)
         return o, lse
-    launch(_flash_fwd_variants_hopper_kernel, _variants_hopper_tuned, VARIANTS_HOPPER_CONFIGS,
-           keep_variants_hopper_config, lambda bm: (cdiv(N_Q, bm), B * H), args, meta, args[-1],
-           prepare=lambda blocks: _set_block_shapes({**named, **blocks}))
+    config = keep_variants_hopper_config(VARIANTS_HOPPER_CONFIGS, {"HEAD_DIM": D})[0]
+    launch(_flash_fwd_variants_hopper_kernel, lambda bm: (cdiv(N_Q, bm), B * H), args, meta,
+           config, prepare=lambda blocks: _set_block_shapes({**named, **blocks}))
     return o, lse
 
 

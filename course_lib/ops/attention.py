@@ -9,13 +9,19 @@ directions with ``torch.library`` as the custom operators ``course::flash_attn_f
 ``torch.compile(fullgraph=True)`` traces through them, and the forward's autograd formula calls
 the backward operator, saving q, k, v, O and the lse (never P). An eager call with no gradient to
 take skips the dispatcher and launches the kernel directly: the same function, less host time.
-On the GPU such a call, shaped like an earlier one, skips the checks too (``_CHECKED``).
+
+The fast path (a GPU): an eager call with no gradient and no lse keeps its launch, bound to
+everything but the addresses (``course_lib._launch.bind``), in one cache (``_FAST``) keyed by
+what the checks and the compiled kernel read of the call (``call_key``: shapes, strides, dtypes,
+devices, the scale; ``causal``, ``impl``). A later call with that key, 16-byte aligned inputs
+and no profiler hooks is an allocation of O and one call into Triton's C launcher.
 """
 from __future__ import annotations
 
 import torch
 
 from course_lib._device import DEVICE
+from course_lib import _launch
 from course_lib._launch import hooks_installed
 from course_lib.kernels.attention_common import (
     MAX_GRID_Y,
@@ -25,7 +31,7 @@ from course_lib.kernels.attention_common import (
     keep,
 )
 from course_lib.kernels.flash_bwd import flash_attn_v2_backward
-from course_lib.kernels.flash_v2 import bound_launch, forward_portable
+from course_lib.kernels.flash_v2 import forward_portable
 from course_lib.kernels.flash_v2_hopper import forward_hopper
 from course_lib.ops.impl import HOPPER_MIN_PAIRS, IMPLS, best_impl  # noqa: F401 (re-exported)
 from course_lib.ops.variants import NO_WINDOW, check_call, flash_attn_variants
@@ -44,7 +50,7 @@ def _flash_attn_v2_forward(q, k, v, causal, sm_scale, impl=None, out=None, store
     forward = _FORWARDS.get(impl) if isinstance(impl, str) else None
     if forward is None:
         raise ValueError(f"impl must be None or one of {IMPLS}, got {impl!r}")
-    return forward(q, k, v, causal, sm_scale, out, store_lse)
+    return forward(q, k, v, causal, sm_scale, out=out, store_lse=store_lse)
 
 
 def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=None, *,
@@ -79,20 +85,19 @@ def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=N
             return flash_attn_variants(q, k, v, sm_scale, window, softcap, alibi_slopes, sinks,
                                        return_lse, impl)
         causal = window == (-1, 0)  # plain (causal) attention spelt as a window: the dense path
-    checked_key = None
-    if _REMEMBER and not torch.compiler.is_compiling() and not return_lse:
+    key = None
+    if _REMEMBER and not return_lse and not torch.compiler.is_compiling():
         try:
-            checked_key = (call_key(q, k, v, sm_scale), type(causal), causal, impl,
-                           not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15)  # (TMA's)
-            forward = _CHECKED.get(checked_key)
+            key = (call_key(q, k, v, sm_scale), type(causal), causal, impl)
+            fast = _FAST.get(key)
         except (AttributeError, TypeError):  # not a tensor, an unhashable argument: the checks
-            checked_key = None  # below name it
-        else:
-            if forward is not None and not (torch.is_grad_enabled() and (
-                    q.requires_grad or k.requires_grad or v.requires_grad)):
-                o = forward(q, k, v)
-                if o is not None:
-                    return o
+            key = fast = None  # below name it
+        if (fast is not None and _launch.FAST
+                and not (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15
+                and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                                      or v.requires_grad))
+                and not hooks_installed()):
+            return fast(q, k, v)
     D = check_attention_inputs(q, k, v)[-1]
     sm_scale = check_sm_scale(sm_scale, D)
     if impl is not None and impl not in IMPLS:
@@ -105,32 +110,20 @@ def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=N
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if needs_grad or torch.compiler.is_compiling():
         o, lse = torch.ops.course.flash_attn_fwd(q, k, v, causal, sm_scale, impl or "auto")
-    else:  # eager, no autograd: the kernel directly, without the dispatcher's host time (and
-        # without the lse when it is not asked for: one allocation and one store fewer)
-        impl = impl or best_impl(q, k, v)  # (best_impl reads the alignment, a key's last item)
+    elif key is None:  # eager, no autograd: the kernel directly, without the dispatcher's host
+        # time (and without the lse when it is not asked for: one store fewer)
         o, lse = _flash_attn_v2_forward(q, k, v, causal, sm_scale, impl, store_lse=return_lse)
-        if checked_key is not None:
-            again = bound_launch(q, k, v, o, causal, sm_scale) if impl == "portable" else None
-            keep(_CHECKED, checked_key, (_Checked(_FORWARDS[impl], causal, sm_scale)
-                                         if again is None else _Bound(again, o, q)), 256)
+    else:  # ... and the launch kept for the next call with this key
+        o, lse, again = _FORWARDS[impl or best_impl(q, k, v)](q, k, v, causal, sm_scale,
+                                                             store_lse=False, bind=True)
+        if again is not None:
+            keep(_FAST, key, _FastCall(again, o, q), 256)
     return (o, lse) if return_lse else o
 
 
-class _Checked:
-    """The forward of checked inputs: ``self(q, k, v)`` is O (no lse)."""
-
-    __slots__ = ("forward", "causal", "sm_scale")
-
-    def __init__(self, forward, causal, sm_scale):
-        self.forward, self.causal, self.sm_scale = forward, causal, sm_scale
-
-    def __call__(self, q, k, v):
-        return self.forward(q, k, v, self.causal, self.sm_scale, None, False)[0]
-
-
-class _Bound:
-    """The portable kernel's bound launch (``flash_v2.bound_launch``): ``self(q, k, v)`` is O,
-    an allocation and one call into Triton's C launcher; None when profiler hooks are on."""
+class _FastCall:
+    """A kept call: ``self(q, k, v)`` is O, an allocation laid out as the kept call's O
+    (``OutputLike``) and the bound launch at the new addresses (lse not stored)."""
 
     __slots__ = ("again", "new_out")
 
@@ -138,21 +131,16 @@ class _Bound:
         self.again, self.new_out = again, OutputLike(o, q)
 
     def __call__(self, q, k, v):
-        if hooks_installed():
-            return None
         o = self.new_out(None, q)
         p = o.data_ptr()
         self.again(q.data_ptr(), k.data_ptr(), v.data_ptr(), p, p)
         return o
 
 
-# Eager calls on the GPU without lse whose inputs have the shapes, strides, dtypes, devices and
-# 16-byte alignment of an earlier call's, with the same causal, sm_scale and impl arguments, pass
-# the same checks and take the same kernel: they go straight to it (a ``_Bound`` launch of the
-# portable kernel, else a ``_Checked`` call; lesson 12, section 8.3). Not on the CPU, where a
-# meta tensor has a CPU tensor's device index; the interpreter's time dwarfs the checks' there.
+# The fast path's cache: call key -> _FastCall. On a GPU only: in the interpreter nothing is
+# bound, and its time dwarfs the checks'.
 _REMEMBER = DEVICE == "cuda"
-_CHECKED: dict = {}
+_FAST: dict = {}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ tens of µs, that host work decides the step's time (lesson 12, section 8, measu
 course_lib/data/dropin.json, ``host``).
 
 ``launch(kernel, grid, *args, **kwargs)`` does what ``kernel[grid](*args, **kwargs)`` does. The
-first call for a given key goes through Triton (which compiles if needed) and keeps the compiled
+first call for a given key goes through Triton (which compiles if needed) and caches the compiled
 kernel; later calls with the same key call its launcher directly: the C function itself when
 the kernel needs no scratch memory, with each tensor handed over as its address (a Python int,
 which spares the launcher a ``data_ptr()`` call and a driver query per tensor). ``bind`` goes
@@ -61,8 +61,8 @@ def _specialization(args) -> list:
     # tests ``type(a) is int`` first: ``isinstance(a, torch.Tensor)`` goes through the tensor
     # metaclass's __instancecheck__ and costs several times more.
     # An integer counts by the classes Triton specializes it on (equal to 1, a multiple of 16,
-    # 32 or 64 bits), not by its value: a cache that grows by a token keeps its key. That
-    # tuple is ``int_classes``'s, written out here (a call per argument would cost every
+    # 32 or 64 bits), not by its value: a KV cache that grows by a token leaves the key as it
+    # is. That tuple is ``int_classes``'s, written out here (a call per argument would cost every
     # launch): the two must stay equal, or a bound launch would take a value it cannot.
     return [(a == 1, not a & 15, -0x80000000 <= a <= 0x7FFFFFFF) if type(a) is int else
             (a.dtype, a.get_device(), not a.data_ptr() & 15) if isinstance(a, torch.Tensor)

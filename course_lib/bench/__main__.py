@@ -1,4 +1,4 @@
-"""python -m course_lib.bench {attention,decode,dropin,host,matmul,hbm,memory,hopper,variants} [opts]
+"""python -m course_lib.bench SUBJECT [options]: SUBJECT is one of ``SUBJECTS`` below.
 
 Each subject lives in its own module (course_lib/bench/<subject>.py) with a ``main(argv)``.
 """

@@ -173,7 +173,8 @@ def _bwd_preprocess_kernel(O, DO, LSE, Delta, LSE2, N_Q, H, stride_b, stride_h, 
 
 def cdiv(a: int, b: int) -> int:
     """``triton.cdiv`` for host code: the same arithmetic without its per-call wrapper, which
-    costs about 2 µs (measured; a launch's host time is a budget of a few tens)."""
+    costs about 2 µs on the host (course_lib/data/perf_notes.md, "One launch per step, bound
+    launches, configs by the work"; a launch's host time is a budget of a few tens)."""
     return -(-a // b)
 
 
@@ -249,7 +250,11 @@ def launch(kernel, grid_of, args, meta, config, tuned=None, prepare=None, free: 
 def keep(memo: dict, key, value, limit: int) -> None:
     """``memo[key] = value`` in a dict of calls remembered by their signature, started over when
     it holds ``limit`` entries: a cache that grows by a token per step makes a new signature at
-    every step, and the dict must not grow with it."""
+    every step, and the dict must not grow with it.
+
+    The memo helper of the remembered calls (``ops.attention._FAST``, ``ops.decode._REPEATS``);
+    unrelated to the config filters named ``keep_*config*`` in the kernel files, which choose
+    the configs a kernel may run."""
     if len(memo) >= limit:
         memo.clear()
     memo[key] = value
@@ -296,8 +301,8 @@ def empty_output(q, empty=None):
 
 
 class OutputLike:
-    """``empty_output``'s choice for one call, kept: ``self(empty, q)`` allocates another O with
-    the shape, dtype, device and layout of ``o``, for a call shaped like that one, without
+    """``empty_output``'s choice for one call, remembered: ``self(empty, q)`` allocates another
+    O with the shape, dtype, device and layout of ``o``, for a call shaped like that one, without
     reading its q again (a call that repeats a bound launch: ``ops``' ``_Repeat``, ``_FastCall``).
     Where ``torch.empty_like(q)`` gives that O (a dense q: O takes its strides), it is used: it
     parses no shape, dtype or device, a microsecond or two of host time per call. ``empty``
@@ -309,14 +314,14 @@ class OutputLike:
         self.transposed = not o.is_contiguous()  # the (B, N_q, H, D) layout seen transposed
         self.shape = tuple(o.transpose(1, 2).shape if self.transposed else o.shape)
         self.dtype, self.device = o.dtype, o.device
-        probe = None if q is None else torch.empty_like(q)  # once per kept call
+        probe = None if q is None else torch.empty_like(q)  # once per remembered call
         self.like = probe is not None and (probe.shape, probe.stride(), probe.dtype,
                                            probe.device) == (o.shape, o.stride(), o.dtype,
                                                              o.device)
 
     def __call__(self, empty=None, q=None):
         if self.like and empty is None:
-            return torch.empty_like(q)  # q has the kept call's layout (its key holds the strides)
+            return torch.empty_like(q)  # the remembered call's layout: its key holds q's strides
         o = (empty or torch.empty)(self.shape, device=self.device, dtype=self.dtype)
         return o.transpose(1, 2) if self.transposed else o
 

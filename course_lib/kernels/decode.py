@@ -70,14 +70,16 @@ PROGRAMS_PER_SM = 1  # the split count's aim: one wave of one program per SM (ch
 TWO_STAGE_PROGRAMS_PER_SM = 2  # past this many unsplit programs per SM, two stages (pick_config)
 MIN_TILES_PER_SPLIT = 2
 # Loads' latency with the memory busy, for Little's law (pick_config): on the H100, 64 KiB in
-# flight per SM streamed as fast as more, at 25.4 GB/s per SM: 64 KiB / 25.4 GB/s = 2.6 µs.
+# flight per SM streamed as fast as more, at 25.4 GB/s per SM: 64 KiB / 25.4 GB/s = 2.6 µs
+# (course_lib/data/perf_notes.md, "Decode tiles chosen by the GPU's own bandwidth").
 LOADED_LATENCY_S = 2.5e-6
 # From this many splits of a cache of this many tiles on, the splits take the tiles round-robin:
 # faster at every shape measured of 256 tiles or more, slower or even at 64-128 (decode_splits).
 INTERLEAVE_MIN_SPLITS, INTERLEAVE_MIN_TILES = 2, 256
 
 # (BLOCK_N, num_warps, num_stages) by head dim, for the GPU. A tile of K plus one of V is
-# 2·BLOCK_N·D·2 bytes in fp16 (32 KiB for 64 × 128); num_stages tiles are kept in flight. A head
+# 2·BLOCK_N·D·2 bytes in fp16 (32 KiB for 64 × 128); a program buffers num_stages of them,
+# num_stages − 1 in flight ahead of the one it computes on (``bytes_in_flight``). A head
 # dim that is not a power of two uses the row of the power of two its tiles are padded to.
 DECODE_CONFIGS = {d: dict(BLOCK_N=128, num_warps=4, num_stages=3) for d in (16, 32, 64)}
 DECODE_CONFIGS[128] = dict(BLOCK_N=64, num_warps=4, num_stages=3)  # pick_config refines it
@@ -271,10 +273,10 @@ def pick_config(head_dim: int, batch: int | None = None, kv_heads: int = 1,
     pad it to. For D 128 and a given work (``batch`` ...): one split per sequence and over
     ``TWO_STAGE_PROGRAMS_PER_SM`` programs per SM, 64-key tiles in two stages (more programs
     resident); splits of at most two 64-key tiles, 128-key tiles; else three stages of 64-key
-    tiles, unless they keep fewer bytes in flight than Little's law asks of this GPU (bandwidth
+    tiles, unless they put fewer bytes in flight than Little's law asks of this GPU (bandwidth
     per SM × ``LOADED_LATENCY_S``; ``bandwidth_per_sm_`` overrides the device's) and the split
-    is long enough to fill the pipeline (six 128-key tiles): then 128-key tiles. An H100 keeps
-    64-key tiles, an H200 (1.44× the bandwidth) takes 128 (data/decode_tiles_h200.json)."""
+    is long enough to fill the pipeline (six 128-key tiles): then 128-key tiles. An H100 gets
+    64-key tiles, an H200 (1.44× the bandwidth) 128 (data/decode_tiles_h200.json)."""
     if INTERPRET:
         return dict(INTERPRET_CONFIG)
     if next_pow2(head_dim) != 128 or batch is None:

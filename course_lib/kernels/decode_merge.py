@@ -19,9 +19,9 @@ split of a group of rows merges them). Both run the same code with the same chun
 two merges give the same sums.
 
 Speed: not benchmarked on its own. Nsight Compute on an NVIDIA H100 80GB HBM3 (B 1, N 128k, H
-32, D 128, 16 splits, torch 2.11.0+cu130, triton 3.6.0): the merge kernel took 4.7–4.8 µs of a
-step whose split kernel took 179–180 µs (course_lib/data/perf_notes.md; the step's speed is in
-``decode.py``'s docstring).
+32, D 128, 16 splits, torch 2.11.0+cu130, triton 3.6.0, 2026-11-27): the merge kernel took
+4.7–4.8 µs of a step whose split kernel took 179–180 µs (course_lib/data/perf_notes.md, "The
+128k gap closed by the order of the tiles"; the step's speed is in ``decode.py``'s docstring).
 """
 from __future__ import annotations
 

@@ -342,8 +342,9 @@ DQ_CONFIGS = [
 
 
 def keep_bwd_config_for_head_dim(configs, named_args, **kwargs):
-    """Autotune filter: the three candidates of each kernel's list meant for this head dim
-    (by the power of two it is padded to: D 72 to 128 share D 128's, 136 to 256 D 256's)."""
+    """Config filter (the autotuner's ``early_config_prune``; not ``attention_common.keep``):
+    the three candidates of each kernel's list meant for this head dim (by the power of two it
+    is padded to: D 72 to 128 share D 128's, 136 to 256 D 256's)."""
     d = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
     group = 0 if d <= 64 else (1 if d <= 128 else 2)
     return configs[3 * group:3 * group + 3]

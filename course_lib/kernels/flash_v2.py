@@ -26,8 +26,8 @@ accumulator; one division at the end.
 
 Head dims: every multiple of 8 from 16 to 256. ``tl.arange`` needs a power of two, so the tiles
 span D rounded up (``HEAD_DIM_PAD``: 80 -> 128) and the columns past D are masked: loaded as 0,
-they add nothing to QKᵀ nor to PV, and they are never stored. A power-of-two D compiles to the
-code it had before (no column mask).
+they add nothing to QKᵀ nor to PV, and they are never stored. A power-of-two D compiles without
+the column mask.
 
 Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22 (fp16, B·N = 32k,
 H·D = 2048; every provider called eagerly, ``do_bench`` median of 5 interleaved rounds; FLOPs
@@ -152,7 +152,8 @@ def _flash_fwd_v2_kernel(
 
 # --------------------------------------------------------------------------------------------
 # Configurations. On a GPU each head dim gets a short curated list that the autotuner times
-# once per (head dim, causal, dtype, power-of-two length bucket). The interpreter uses one
+# once per (head dim, causal, dtype, group, power-of-two length bucket), for length buckets of
+# AUTOTUNE_MIN_N keys and more; shorter ones run ``portable_config``. The interpreter uses one
 # small config: its cost is per program and per op, not per FLOP.
 # --------------------------------------------------------------------------------------------
 def _cfg(bm, bn, warps, stages):
@@ -163,9 +164,10 @@ PORTABLE_CONFIGS = [_cfg(128, 64, 4, 3), _cfg(128, 128, 8, 3), _cfg(64, 64, 4, 3
 
 
 def keep_config_for_head_dim(configs, named_args, **kwargs):
-    """Autotune filter: tiles whose shared memory fits, sized to the (padded) head dim.
+    """Config filter (the autotuner's ``early_config_prune``, and ``portable_config``): the
+    candidates whose shared memory fits, sized to the (padded) head dim.
 
-    HEAD_DIM 256 keeps only 64-row tiles (a 128 x 256 Q tile plus K/V stages overflows the
+    HEAD_DIM 256 passes only 64 x 64 tiles (a 128 x 256 Q tile plus K/V stages overflows the
     228 KB of an H100 SM); HEAD_DIM 128 drops 128 x 128 with 3 stages for the same reason. A
     head dim that is not a power of two gets the choice of the power of two its tiles are
     padded to (160 -> 256, 80 -> 128).
@@ -192,7 +194,7 @@ _portable_tuned = triton.autotune(
 
 def portable_config(head_dim: int) -> triton.Config:
     """The config below ``AUTOTUNE_MIN_N`` keys (and in the interpreter, with its small blocks):
-    the first candidate ``keep_config_for_head_dim`` keeps for this head dim."""
+    the first candidate ``keep_config_for_head_dim`` passes for this head dim."""
     return keep_config_for_head_dim(PORTABLE_CONFIGS, {"HEAD_DIM": head_dim})[0]
 
 

@@ -255,10 +255,12 @@ def keep_hopper_config(configs, named_args, **kwargs):
     """The configs ``_HOPPER_KEEP`` lists for this head dim among ``configs``, in its order (the
     last config if none is there): the kernel's config table, read by ``hopper_config``.
 
-    HEAD_DIM <= 64 keeps 128 x 64 tiles (128-wide key tiles lost at D 64), HEAD_DIM 128 64 x 64
-    tiles (two programs per SM), HEAD_DIM 256 64 x 64 tiles with 2 stages (Q tile 32 KB + 2 stages
-    of K and V tiles of 32 KB each: what fits the 227 KB a block may use). Causal or not, the
-    same, except causal at D 64 with at most ``SHORT_CAUSAL_N`` keys (``N_BUCKET``): 64 x 64.
+    HEAD_DIM <= 64 selects 128 x 64 tiles (128-wide key tiles were slower at D 64), HEAD_DIM
+    128 64 x 64 tiles (two programs per SM), HEAD_DIM 256 64 x 64 tiles with 2 stages (Q tile
+    32 KB + 2 stages of K and V tiles of 32 KB each: what fits the 227 KB a block may use).
+    Causal or not, the same, except causal at D 64 with at most ``SHORT_CAUSAL_N`` keys
+    (``N_BUCKET``): 64 x 64. A config filter, like ``flash_v2.keep_config_for_head_dim``; not
+    ``attention_common.keep``, the memo helper of remembered calls.
     """
     d = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
     wanted = _HOPPER_KEEP[_head_dim_class(d)]
@@ -277,7 +279,7 @@ def keep_hopper_config(configs, named_args, **kwargs):
 
 def hopper_config(head_dim: int, causal: bool, n_bucket: int) -> triton.Config:
     """The config the kernel runs: ``keep_hopper_config``'s one for this head dim, causal flag
-    and length bucket (no autotuner: one candidate is kept)."""
+    and length bucket (no autotuner: the table names one config for each)."""
     return keep_hopper_config(HOPPER_CONFIGS, {"HEAD_DIM": head_dim, "N_BUCKET": n_bucket},
                               CAUSAL=causal)[0]
 

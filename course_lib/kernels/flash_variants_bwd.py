@@ -41,9 +41,7 @@ ALiBi 343 TFLOP/s (FlexAttention 383); causal with sinks 338; the dense backward
 causal 354. Packed sequences (``--varlen``, course_lib/data/variants_varlen.json, forward and
 backward): 64 causal sequences of random lengths 1 to 4096 (mean 2191): forward 343 TFLOP/s
 against the dense kernel's 359 at the mean length, backward 245 against 286 (the packed layout
-read in place; 193 when it was copied into a heads-first layout and back). The (B, H, N, D)
-numbers above were measured before the kernels took strides (the same loops, with addresses
-made from the strides) and not since. The story: course_lib/data/perf_notes.md.
+read in place). The story: course_lib/data/perf_notes.md.
 """
 from __future__ import annotations
 

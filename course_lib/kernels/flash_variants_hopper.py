@@ -183,17 +183,18 @@ def _cfg(bm, bn, warps, stages, rowsum_mma=False, pinned_max=True):
 
 
 # The candidates, as (BLOCK_M, BLOCK_N, warps, stages, ROWSUM_MMA, PINNED_MAX) in ``_KEEP``;
-# ``keep_variants_hopper_config`` keeps one per head dim, measured with every candidate in turns
-# (``python -m course_lib.bench variants --tiles``, course_lib/data/variants_hopper_tiles.json).
+# the config filter ``keep_variants_hopper_config`` selects the one ``_KEEP`` names per head dim,
+# chosen by timing every candidate in turns (``python -m course_lib.bench variants --tiles``,
+# course_lib/data/variants_hopper_tiles.json).
 VARIANTS_HOPPER_CONFIGS = [
     _cfg(64, 64, 4, 3, True), _cfg(64, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(128, 64, 4, 3),
     _cfg(64, 64, 4, 3, True, False), _cfg(128, 128, 8, 2), _cfg(64, 64, 4, 2),
 ]
 # D 128 (B 2, H 16, N 16k, bf16, H100): 64 x 64 tiles, pinned max, row sums on the CUDA cores:
-# causal 504 TFLOP/s, window 1024 382, softcap 506, ALiBi 436, sinks 511; the same tiles with
-# the tensor cores' row sums and the pin (lesson 09's dense choice) ran 456, 282, 385, 445, 439.
-# D 64 and 256 keep lesson 09's dense choice, with the row sums on the CUDA cores: not measured
-# with the variants, so ``impl=None`` sends them to the portable kernel (``MEASURED_HEAD_DIMS``).
+# causal 504 TFLOP/s, window 1024 382, softcap 506, ALiBi 436, sinks 511 (the other candidates'
+# numbers: course_lib/data/perf_notes.md). D 64 and 256 use lesson 09's dense tiles, with the
+# row sums on the CUDA cores: not measured with the variants, so ``impl=None`` sends them to the
+# portable kernel (``MEASURED_HEAD_DIMS``).
 _KEEP = {64: [(128, 64, 4, 3, False, True)], 128: [(64, 64, 4, 3, False, True)],
          256: [(64, 64, 4, 2, False, True)]}
 MEASURED_HEAD_DIMS = (128,)
@@ -206,7 +207,8 @@ def _shape(c):
 
 def keep_variants_hopper_config(configs, named_args, **kwargs):
     """The config ``_KEEP`` names for this head dim among ``configs`` (the last if none): the
-    kernel's config table (no autotuner: one candidate is kept)."""
+    kernel's config table (no autotuner: the table names one config per head dim). A config
+    filter, like ``flash_v2_hopper.keep_hopper_config``; not ``attention_common.keep``."""
     d = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
     wanted = _KEEP[64 if d <= 64 else 128 if d <= 128 else 256]
     kept = [c for c in configs if _shape(c) in wanted]
@@ -218,7 +220,7 @@ def forward_variants_hopper(q, k, v, sm_scale: float, window: tuple[int, int], s
                             config: triton.Config | None = None):
     """``flash_variants.forward_variants`` with the TMA kernel: the same arguments and
     results. Power-of-two head dims from 16 on (a TMA tile spans the whole head dim).
-    ``config``: one of ``VARIANTS_HOPPER_CONFIGS`` to run instead of the kept one (the tile
+    ``config``: one of ``VARIANTS_HOPPER_CONFIGS`` to run instead of ``_KEEP``'s (the tile
     benchmark, ``python -m course_lib.bench variants --tiles``; a GPU only)."""
     B, H, N_Q, D = q.shape
     if D & (D - 1) or D < 16:

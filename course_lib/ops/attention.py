@@ -10,18 +10,19 @@ directions with ``torch.library`` as the custom operators ``course::flash_attn_f
 the backward operator, saving q, k, v, O and the lse (never P). An eager call with no gradient to
 take skips the dispatcher and launches the kernel directly: the same function, less host time.
 
-The fast path (a GPU): an eager call with no gradient and no lse keeps its launch, bound to
-everything but the addresses (``course_lib._launch.bind``), in one cache (``_FAST``) keyed by
-what the checks and the compiled kernel read of the call (``call_key``: shapes, strides, dtypes,
-devices, the scale; ``causal``, ``impl``). A later call with that key, 16-byte aligned inputs
-and no profiler hooks is an allocation of O and one call into Triton's C launcher.
+The fast path (a GPU): an eager call with no gradient and no lse remembers its launch, bound to
+everything but the addresses (``course_lib._launch.bind``), in one cache (``_FAST``, filled by
+``attention_common.keep``) keyed by what the checks and the compiled kernel read of the call
+(``call_key``: shapes, strides, dtypes, devices, the scale; ``causal``, ``impl``). A later call
+with that key, 16-byte aligned inputs and no profiler hooks is an allocation of O and one call
+into Triton's C launcher.
 """
 from __future__ import annotations
 
 import torch
 
-from course_lib._device import DEVICE
 from course_lib import _launch
+from course_lib._device import DEVICE
 from course_lib._launch import hooks_installed
 from course_lib.kernels.attention_common import (
     MAX_GRID_Y,
@@ -113,7 +114,7 @@ def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=N
     elif key is None:  # eager, no autograd: the kernel directly, without the dispatcher's host
         # time (and without the lse when it is not asked for: one store fewer)
         o, lse = _flash_attn_v2_forward(q, k, v, causal, sm_scale, impl, store_lse=return_lse)
-    else:  # ... and the launch kept for the next call with this key
+    else:  # ... and the launch remembered for the next call with this key
         o, lse, again = _FORWARDS[impl or best_impl(q, k, v)](q, k, v, causal, sm_scale,
                                                              store_lse=False, bind=True)
         if again is not None:
@@ -122,7 +123,7 @@ def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=N
 
 
 class _FastCall:
-    """A kept call: ``self(q, k, v)`` is O, an allocation laid out as the kept call's O
+    """A remembered call: ``self(q, k, v)`` is O, an allocation laid out as that call's O
     (``OutputLike``) and the bound launch at the new addresses (lse not stored)."""
 
     __slots__ = ("again", "new_out")

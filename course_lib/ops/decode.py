@@ -199,7 +199,7 @@ def _variants(q, window_size, softcap, alibi_slopes, sinks):
 
 def _variants_key(window_size, softcap, alibi_slopes, sinks):
     """What the variants' checks and launch read of their arguments (None at the defaults):
-    values with their types, as ``call_key`` keeps the scale's; the tensors' layouts and addresses.
+    values with their types, as ``call_key`` holds the scale's; the tensors' layouts and addresses.
     TypeError or AttributeError for what is no pair or tensor."""
     if window_size is FULL_WINDOW and softcap is NO_CAP and alibi_slopes is None and sinks is None:
         return None
@@ -261,8 +261,8 @@ def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_spl
     """Launch on checked inputs; returns a new (out, lse). ``variants``: ``_variants``'s.
 
     ``repeat_key`` (an eager ``flash_decode`` with default arguments, ``_repeat_key``): a
-    launch that ends bound is kept under that key for the calls shaped like this one
-    (``_Repeat``).
+    launch that ends bound is remembered under that key (``attention_common.keep``) for the
+    calls shaped like this one (``_Repeat``).
 
     ``need_lse=False`` (an eager call that does not return it): the lse goes to a buffer of
     the plan, reused, and is not to be kept.
@@ -277,7 +277,7 @@ def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_spl
     window, softcap, alibi, sinks = variants or _PLAIN
     tensors = kd.variant_tensors(alibi, sinks)
 
-    # A cache that grows by a token per step (transformers' DynamicCache) keeps its plan for a
+    # A cache that grows by a token per step (transformers' DynamicCache) reuses one plan for a
     # while: one plan serves a range of lengths (at most 1/8 longer than the cache), and the
     # kernel is told the true length.
     n_plan = n_max if paged else _length_bucket(n_max)
@@ -457,7 +457,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm
             repeat_key = None
         else:
             if repeat is not None:
-                # (on a GPU the first test ends it: the default repeat does no more than before)
+                # (on a GPU ``_FREE_READS`` is False and ends the test: the repeat checks nothing)
                 if _FREE_READS and validate is None and cache_seqlens is not None:
                     check_cache_seqlens(cache_seqlens, k_cache.shape[2])  # free on the CPU
                 o = repeat(q, k_cache, v_cache, cache_seqlens)

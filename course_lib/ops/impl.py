@@ -36,9 +36,9 @@ def best_impl(q: torch.Tensor, k: torch.Tensor | None = None,
     shape of the sweep from D 64 on (B·N = 32k: course_lib/data/attention_fwd.json), but even
     its bound launch has Triton's launcher encode four TMA descriptors, so a call costs the
     host about 13 µs more. At the capstone's shape (B 1, H 32, H_kv 8, D 64, bf16, causal) on
-    an H100 (course_lib/data/perf_notes.md, "O in q's layout ..."): N 2048 (2^27 pairs), GPU
-    65.9 µs portable and 66.0 µs Hopper, host 19.8 and 33.0 µs; N 4096 (2^29), GPU 201.4 and
-    177.1 µs."""
+    an H100, 2026-11-27 (course_lib/data/perf_notes.md, "O in q's layout ..."): N 2048 (2^27
+    pairs), GPU 65.9 µs portable and 66.0 µs Hopper, host 19.8 and 33.0 µs; N 4096 (2^29), GPU
+    201.4 and 177.1 µs."""
     D = q.shape[-1]
     B, H, N_q = q.shape[0], q.shape[1], q.shape[2]
     N_k = k.shape[-2] if k is not None else N_q

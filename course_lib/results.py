@@ -159,35 +159,52 @@ def environment_line(result: dict) -> str:
     return f"{env.get('gpu', '?')}, torch {env.get('torch', '?')}, triton {env.get('triton', '?')}"
 
 
-def facts() -> dict[str, Fact]:
-    """Every number the course publishes, computed now from course_lib and course_lib/data."""
-    import numpy as np
+#: Parts of the decode sweep (decode.json) that no newer run measured again (``SUPERSEDED``):
+#: its same-run ratio paged_decode / flash_decode, and its one run of flash_attn_v2 at decode
+#: shapes. ``_GRAPH_BW`` says how the decode step's bandwidth share is taken.
+_PAGED_RUN = ("decode.json:paged_decode / flash_decode",)
+_V2_RUN = ("decode.json:flash_attn_v2",)
+_GRAPH_BW = "KV bytes / CUDA-graph replay time, over the copy of the same run"
 
-    from course_lib import hardware, kvcache, roofline, softmax_cost
-    from course_lib import softmax as sm
-    from course_lib.analysis.flash_v2 import kv_reuse, normalisation_ops
-    from course_lib.analysis.hopper import (
-        clock_rows,
-        ideas_rows,
-        impl_gain_rows,
-        load_ideas,
-        load_probe,
-        mma_only_rows,
-        pinned_rows,
-        rowsum_rows,
-        score_costs,
-        tile_idea_rows,
-        timeline_rows,
-    )
+
+def _decode_results(load) -> dict:
+    """The decode sweep's results (data/decode.json), by (B, N)."""
+    return {(r["B"], r["N"]): r["results"] for r in load("decode")["rows"]}
+
+
+def _decode_bandwidth(load) -> dict:
+    """The decode step's KV bandwidth against the copy, from the drop-in run, by (B, N)."""
+    from course_lib.analysis.decode import bandwidth_rows
+
+    return {(r["B"], r["N"]): r for r in bandwidth_rows(load("dropin"))}
+
+
+def _env_of(result: dict) -> str:
+    """A stored run's GPU, torch, triton and date, as the kernels' docstrings state them."""
+    env = result["environment"]
+    return (f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, "
+            f"{env['date'][:10]}")
+
+
+def _speed(result: dict, D: int, causal: bool, prov: str, N: int = 16384) -> str:
+    """One provider's TFLOP/s at one shape and its ratios to SDPA FLASH and cuDNN, same run."""
+    t = _tflops(result, D, causal, N, prov)
+    fa2 = t / _tflops(result, D, causal, N, "sdpa-FLASH_ATTENTION")
+    cudnn = t / _tflops(result, D, causal, N, "sdpa-CUDNN_ATTENTION")
+    return (f"D {D}, N {N // 1024}k, {'causal' if causal else 'non-causal'}: {t:.0f} TFLOP/s, "
+            f"{fa2:.2f}x SDPA FLASH_ATTENTION, {cudnn:.2f}x SDPA CUDNN_ATTENTION")
+
+
+def facts() -> dict[str, Fact]:
+    """Every number the course publishes, computed now from course_lib and course_lib/data.
+
+    One group of facts per lesson or deck (the ``_facts_*`` functions below, in this order,
+    which is the order of the facts); each adds its facts with ``add`` and reads the stored runs
+    with ``load``, which reads each run once for every group that quotes it. A new fact goes
+    into the group of the lesson or deck that quotes it."""
+    from functools import cache
+
     from course_lib.bench.common import load_result
-    from course_lib.bench.hopper import gain_rows
-    from course_lib.iomodel import attention as att
-    from course_lib.iomodel import backward as bwd
-    from course_lib.iomodel import decode as dec_io
-    from course_lib.iomodel import matmul_global_reads, matmul_hbm_bytes
-    from course_lib.iomodel.matmul import largest_square_tile
-    from course_lib.kernels import flash_v1
-    from course_lib.kernels.matmul import panels_touched
 
     f: dict[str, Fact] = {}
 
@@ -199,7 +216,24 @@ def facts() -> dict[str, Fact]:
         runs = _runs_named(source) if runs is None else tuple(runs)
         f[key] = Fact(str(text), tuple(where.split()), source, runs, historical)
 
-    # 01 softmax ------------------------------------------------------------------------------
+    load = cache(load_result)
+    for group in (_facts_softmax, _facts_gpu, _facts_attention_io, _facts_flash_v1,
+                  _facts_triton_flash, _facts_hopper, _facts_fp8, _facts_backward,
+                  _facts_decoding, _facts_datasheet, _facts_notebooks_00_06,
+                  _facts_notebooks_07_10, _facts_notebooks_11_14, _facts_decks_01_07,
+                  _facts_deck_08, _facts_kernel_docstrings, _facts_variant_docstrings,
+                  _facts_readme, _facts_dropin, _facts_capstone):
+        group(add, load)
+    return f
+
+
+def _facts_softmax(add, load) -> None:
+    """Lesson and deck 01 (softmax): exp's limits and the variants' FLOPs."""
+    import numpy as np
+
+    from course_lib import softmax as sm
+    from course_lib import softmax_cost
+
     add("exp_f32_overflow", f"{sm.exp_limits(np.float32)['overflow_above']:.2f}", "01_softmax",
         "softmax.exp_limits(float32)")
     add("exp_f16_overflow", f"{sm.exp_limits(np.float16)['overflow_above']:.2f}", "01_softmax",
@@ -211,7 +245,14 @@ def facts() -> dict[str, Fact]:
     add("online_over_safe_256", f"{rows['online']['flops'] / rows['safe']['flops']:.2f}",
         "01_softmax", "softmax_cost.table(s=256): online FLOPs / safe FLOPs")
 
-    # 02 GPU and tiling ---------------------------------------------------------------------
+
+def _facts_gpu(add, load) -> None:
+    """Deck 02 (GPU and tiling): the H100, roofline floors, the tiled matmul."""
+    from course_lib import hardware, roofline
+    from course_lib.iomodel import matmul_global_reads, matmul_hbm_bytes
+    from course_lib.iomodel.matmul import largest_square_tile
+    from course_lib.kernels.matmul import panels_touched
+
     h100 = hardware.get_gpu("H100-SXM")
     add("h100_sms", h100.sms, "02_gpu_tiling 05_triton_flash 07_decoding", "hardware H100-SXM")
     add("h100_smem_total", f"{h100.smem_total_mib:.1f} MiB", "02_gpu_tiling",
@@ -241,19 +282,23 @@ def facts() -> dict[str, Fact]:
         "kernels.matmul.panels_touched, row-major")
     add("bands_grouped", panels_touched(32, 32, 8, programs=132), "02_gpu_tiling",
         "kernels.matmul.panels_touched, GROUP_M = 8")
-    mm = load_result("matmul")["headline"]
+    mm = load("matmul")["headline"]
     add("matmul_course_tflops", f"{mm['course_tflops']:.0f}", "02_gpu_tiling",
         "data/matmul.json headline (course)")
     add("matmul_cublas_tflops", f"{mm['torch_tflops']:.0f}", "02_gpu_tiling",
         "data/matmul.json headline (cuBLAS)")
-    drop = load_result("dropin")  # the current run of the decode step, the copy, host times
+    drop = load("dropin")  # the current run of the decode step, the copy, host times
     add("copy_gbs_probe", f"{drop['copy_gbs']:.0f}", "02_gpu_tiling",
         "data/dropin.json copy_gbs: device-to-device copy, read + write",
         runs=("dropin.json:copy_gbs",))
     add("bf16_matmul_probe", _perf_notes_ceiling(r"matmul (\d+) TFLOP/s"), "02_gpu_tiling",
         "data/perf_notes.md: bf16 8192³ matmul", runs=("perf_notes.md:ceilings: matmul",))
 
-    # 03 attention IO ---------------------------------------------------------------------
+
+def _facts_attention_io(add, load) -> None:
+    """Deck 03 (attention I/O): the standard attention's bytes, model and measured."""
+    from course_lib.iomodel import attention as att
+
     total = att.standard_attention_io(4096, 4096, 64)["elements"]
     add("sp_share_4096", f"{4 * 4096**2 / total:.1%}", "03_attention_io",
         "4N² / (4Nd + 4N²), N 4096, d 64")
@@ -273,7 +318,7 @@ def facts() -> dict[str, Fact]:
         "04_flash_v1 05_triton_flash", "figure2_prediction: flash_v1_kernel (64×64)")
     add("pred_v2_all_dram_gb", f"{pred['flash_v2'] / 1e9:.2f} GB", "04_flash_v1 05_triton_flash",
         "figure2_prediction: flash_v2, every K/V re-read from DRAM")
-    hbm = {r["target"]: r for r in load_result("hbm")["rows"]}
+    hbm = {r["target"]: r for r in load("hbm")["rows"]}
     add("hbm_math_gb", f"{hbm['sdpa-MATH']['total_gb']:.1f} GB", "03_attention_io",
         "data/hbm.json: SDPA MATH, Nsight Compute")
     add("hbm_math_over_model", f"{hbm['sdpa-MATH']['total_gb'] * 1e9 / pred['standard']:.1f}×",
@@ -294,7 +339,11 @@ def facts() -> dict[str, Fact]:
     add("row_stream_standard", f"{4 * N * d + 4 * N * N:,}", "03_attention_io",
         "standard attention, N 1024, d 64")
 
-    # 04 FlashAttention v1 ----------------------------------------------------------------
+
+def _facts_flash_v1(add, load) -> None:
+    """Deck 04 (FlashAttention v1): block sizes and the I/O it saves."""
+    from course_lib.iomodel import attention as att
+
     B_r, B_c = att.paper_block_sizes(att.A100_M, 64)
     add("a100_blocks", f"B_r = {B_r}, B_c = {B_c}", "04_flash_v1", "paper_block_sizes(A100_M, 64)")
     std = att.standard_attention_io(4096, 4096, 64)["elements"]
@@ -304,7 +353,15 @@ def facts() -> dict[str, Fact]:
         gb = att.flash_v1_io(1024, 1024, 64, min(bs, 64), bs, 64, 16)["hbm_bytes"] / 1e9
         add(f"sweep_{bs}_gb", f"{gb:.2f} GB", "04_flash_v1", f"flash_v1_io, block {bs}")
 
-    # 05 Triton FlashAttention --------------------------------------------------------------
+
+def _facts_triton_flash(add, load) -> None:
+    """Deck 05 (Triton FlashAttention): the kernels' I/O, speed and ceilings."""
+    from course_lib.analysis.flash_v2 import kv_reuse, normalisation_ops
+    from course_lib.analysis.hopper import pinned_rows, score_costs
+    from course_lib.iomodel import attention as att
+    from course_lib.kernels import flash_v1
+
+    pred = att.figure2_prediction(v1_blocks=(64, 64), v2_blocks=(128, 64))
     bm, bn, _ = flash_v1.block_sizes(64, on_gpu=True)
     add("v1_kernel_steps", att.flash_v1_io(1024, 1024, 64, bm, bn, 64, 16,
                                            kernel_bookkeeping=True)["T_c"],
@@ -315,17 +372,18 @@ def facts() -> dict[str, Fact]:
     add("heads_fastest_mib", f"{old['kv_bytes_between'] / 2**20:.0f} MiB", "05_triton_flash",
         "analysis.flash_v2.kv_reuse, heads fastest")
     hbm1 = ("perf_notes.md:HBM traffic, measurement 1",)
-    add("probe1_v2_gb", _perf_notes_ceiling(r"v2 portable, grid \(B·H, N/BLOCK_M\) \| ([\d.]+)"),
-        "05_triton_flash", "data/perf_notes.md, HBM measurement 1", runs=hbm1,
+    probe1_gb = _perf_notes_ceiling(r"v2 portable, grid \(B·H, N/BLOCK_M\) \| ([\d.]+)")
+    add("probe1_v2_gb", probe1_gb, "05_triton_flash", "data/perf_notes.md, HBM measurement 1",
+        runs=hbm1,
         historical="deck 05: 'The first v2 grid put heads fastest ... Measured'")
     add("probe1_v2_x_min",
-        f"{float(f['probe1_v2_gb'].text) / (pred['flash_v2_min'] / 1e9):.1f}×",
+        f"{float(probe1_gb) / (pred['flash_v2_min'] / 1e9):.1f}×",
         "nb:08a_flash_v2_measurements", "perf_notes HBM measurement 1 / figure2_prediction minimum",
         runs=hbm1, historical="appendix 08a: 'the every re-read from DRAM count'")
     ops = normalisation_ops(16384, 128, 64, 128)
     add("deferred_saved_per_score", f"{sum(ops['saved'].values()) / (128 * 16384):.1f}",
         "05_triton_flash", "analysis.flash_v2.normalisation_ops")
-    fwd = load_result("attention_fwd")
+    fwd = load("attention_fwd")
     for key, (D, causal, N, prov) in {
             "fwd_128_16k_hopper": (128, False, 16384, "v2-hopper"),
             "fwd_128_16k_portable": (128, False, 16384, "v2-portable"),
@@ -358,14 +416,32 @@ def facts() -> dict[str, Fact]:
         "analysis.hopper.score_costs(64): no overlap")
     add("ceiling_128", f"{costs[128]['serial_tflops']:.0f}", "05_triton_flash",
         "analysis.hopper.score_costs(128): no overlap")
-    probe = {(r["D"], r["causal"], r["N"]): r["results"] for r in load_probe()["rows"]}
-    p = probe[(128, False, 16384)]
-    probe1 = ("perf_notes.md:Forward, probe 1",)
 
-    # notebook 09 (Hopper): what each change bought, measured; deck 05 quotes some ----------
+
+def _facts_hopper(add, load) -> None:
+    """Lesson 09 (Hopper) and its record of experiments (09a); deck 05 quotes some."""
+    from course_lib.analysis.hopper import (
+        clock_rows,
+        ideas_rows,
+        impl_gain_rows,
+        load_ideas,
+        load_probe,
+        mma_only_rows,
+        pinned_rows,
+        rowsum_rows,
+        score_costs,
+        tile_idea_rows,
+        timeline_rows,
+    )
+    from course_lib.bench.hopper import gain_rows
+
+    fwd = load("attention_fwd")
+    serial_64 = score_costs(64)["serial_tflops"]  # deck 05's ceiling at D 64, no overlap
+    probe = {(r["D"], r["causal"], r["N"]): r["results"] for r in load_probe()["rows"]}
+    probe1 = ("perf_notes.md:Forward, probe 1",)
     nb09 = "nb:09_hopper"
     nb09a = "nb:09a_hopper_case_study"  # the record of the experiments
-    qregs = gain_rows(load_result("hopper_q_in_regs"))
+    qregs = gain_rows(load("hopper_q_in_regs"))
     add("h09_q_regs_64", _pct_span([r["regs/smem"] - 1 for r in qregs if r["D"] == 64]), nb09,
         "data/hopper_q_in_regs.json (bench.hopper.gain_rows): Q regs / Q smem - 1, D 64")
     g128 = [r["regs/smem"] for r in qregs if r["D"] == 128]
@@ -420,7 +496,7 @@ def facts() -> dict[str, Fact]:
         runs=("hopper_ideas.json:forward run 2: v2-hopper against v2-portable",),
         historical="lesson 09's record of the experiments: 'A later run found ...'")
     add("h09_probe1_of_serial_64",
-        f"{probe[(64, False, 16384)]['v2-hopper']['tflops'] / costs[64]['serial_tflops']:.0%}",
+        f"{probe[(64, False, 16384)]['v2-hopper']['tflops'] / serial_64:.0%}",
         "05_triton_flash nb:09_hopper",
         "probe 1, D 64, N 16k, v2-hopper / analysis.hopper.score_costs(64) no overlap",
         runs=probe1, historical="deck 05: 'the first H100 run'; lesson 09: 'The first version'")
@@ -489,7 +565,7 @@ def facts() -> dict[str, Fact]:
             + f" at D = {D} (+{a / b - 1:.0%})", nb09,
             f"analysis.hopper.mma_only_rows: D {D}, MMAs + exp2 + row sums / full online softmax")
     by_pin: dict[str, list[float]] = {}
-    for r in pinned:
+    for r in pinned_rows():
         by_pin.setdefault(r["idea"], []).append(r["with / without"])
     add("h09_pinned_range_64",
         _pct_span([g - 1 for g in by_pin["pinned max, 128 x 64 (D 64)"]], signed=True), nb09,
@@ -509,7 +585,10 @@ def facts() -> dict[str, Fact]:
                 "05_triton_flash nb:09_hopper",
                 f"data/attention_fwd.json: v2-hopper / cuDNN, D {D}, N >= 4k, "
                 + ("lowest" if end == "lo" else "highest"))
-    # FP8's rounding, emulated on the CPU (lesson 09b; a test recomputes the table)
+
+
+def _facts_fp8(add, load) -> None:
+    """Lesson 09b (FP8's rounding, emulated on the CPU; a test recomputes the table), in deck 05."""
     from course_lib.fp8 import load_table as load_fp8
 
     fp8 = load_fp8()["schemes"]
@@ -521,7 +600,13 @@ def facts() -> dict[str, Fact]:
         add(f"fp8_rotation_{key}", f"{block[kind] / rotated[kind]:.2f}×", "05_triton_flash",
             f"data/fp8_errors.json: fp8 per block / per block + rotation, {kind} inputs")
 
-    # 06 backward -------------------------------------------------------------------------
+
+def _facts_backward(add, load) -> None:
+    """Deck 06 (backward): recomputation, the backward's I/O, memory and speed."""
+    from course_lib import hardware
+    from course_lib.iomodel import backward as bwd
+
+    h100 = hardware.get_gpu("H100-SXM")
     t = bwd.recompute_tradeoff(16384, 64, B=1, H=16, peak_tflops=h100.fp16_tensor_tflops,
                                hbm_tbs=h100.hbm_tbs)
     add("p_16_heads_16k", f"{t['p_bytes'] / 2**30:.0f} GiB", "06_backward",
@@ -539,20 +624,28 @@ def facts() -> dict[str, Fact]:
         "flash_backward_io (Algorithm 4), N 4k")
     add("bwd_floor_gb", f"{io_v2['compulsory']['hbm_bytes'] / 1e9:.2f} GB", "06_backward",
         "flash_v2_backward_io compulsory, N 4k")
-    mem = next(r for r in load_result("memory")["rows"] if r["N"] == 16384)["results"]
+    mem = next(r for r in load("memory")["rows"] if r["N"] == 16384)["results"]
     for prov, short in (("sdpa-MATH", "math"), ("flash_attn_v2", "v2")):
         add(f"mem_{short}_peak", f"{mem[prov]['peak_bytes'] / 2**20:,.0f} MiB", "06_backward",
             f"data/memory.json N 16384 {prov} peak")
         add(f"mem_{short}_kept", f"{mem[prov]['saved_bytes'] / 2**20:,.0f} MiB", "06_backward",
             f"data/memory.json N 16384 {prov} kept")
-    bwd_speed = load_result("attention_bwd")
+    bwd_speed = load("attention_bwd")
     for key, (D, causal, prov) in {"bwd_128_c_portable": (128, True, "v2-portable"),
                                    "bwd_128_c_fa2": (128, True, "sdpa-FLASH_ATTENTION"),
                                    "bwd_128_c_cudnn": (128, True, "sdpa-CUDNN_ATTENTION")}.items():
         add(key, f"{_tflops(bwd_speed, D, causal, 16384, prov):.0f}", "06_backward",
             f"data/attention_bwd.json D={D} causal={causal} N=16384 {prov}")
 
-    # 07 decoding ---------------------------------------------------------------------------
+
+def _facts_decoding(add, load) -> None:
+    """Deck 07 (decoding): the KV cache, the decode step's bandwidth, paging."""
+    import numpy as np
+
+    from course_lib import hardware, kvcache, unified_max
+    from course_lib.iomodel import decode as dec_io
+
+    h100 = hardware.get_gpu("H100-SXM")
     models = dec_io.MODELS
     add("kv_13b", f"{dec_io.kv_bytes_per_token(models['Llama-2-13B']) / 1e6:.2f} MB",
         "07_decoding", "kv_bytes_per_token(Llama-2-13B)")
@@ -575,11 +668,9 @@ def facts() -> dict[str, Fact]:
     # replays, KV bandwidth against the copy of the same run). The decode sweep (decode.json) is
     # the one run of paged_decode and of flash_attn_v2 at decode shapes; its flash_decode and
     # SDPA rows are superseded (SUPERSEDED), its same-run ratios and flash_attn_v2 rows are not.
-    from course_lib.analysis.decode import bandwidth_rows
-
-    bw = {(r["B"], r["N"]): r for r in bandwidth_rows(drop)}
+    drop = load("dropin")
+    bw = _decode_bandwidth(load)
     bw128, bw4 = bw[(1, 131072)], bw[(1, 4096)]
-    graph_bw = "KV bytes / CUDA-graph replay time, over the copy of the same run"
     add("copy_gbs_decode", f"{drop['copy_gbs']:.0f} GB/s", "07_decoding README",
         "data/dropin.json copy_gbs: device-to-device copy, read + write",
         runs=("dropin.json:copy_gbs",))
@@ -593,15 +684,13 @@ def facts() -> dict[str, Fact]:
             ("decode_cudnn_128k_pct", "SDPA cuDNN", bw128, "07_decoding nb:12_flash_decoding"),
             ("decode_cudnn_4k_pct", "SDPA cuDNN", bw4, "07_decoding nb:12_flash_decoding")):
         add(key, f"{row['share'][side]:.0%}", where,
-            f"data/dropin.json B {row['B']} N {row['N'] // 1024}k {side}: {graph_bw} "
+            f"data/dropin.json B {row['B']} N {row['N'] // 1024}k {side}: {_GRAPH_BW} "
             "(analysis.decode.bandwidth_rows)")
-    dec = load_result("decode")
-    rows = {(r["B"], r["N"]): r["results"] for r in dec["rows"]}
-    paged_run = ("decode.json:paged_decode / flash_decode",)  # a same-run ratio: not superseded
+    rows = _decode_results(load)
     for B, N in ((1, 131072), (8, 131072), (1, 4096)):
         ratio = rows[(B, N)]["paged_decode"]["ms"] / rows[(B, N)]["flash_decode"]["ms"]
         add(f"paged_ratio_{B}_{N // 1024}k", f"{ratio:.2f}", "07_decoding",
-            f"data/decode.json paged / flash latency, B {B} N {N // 1024}k", runs=paged_run)
+            f"data/decode.json paged / flash latency, B {B} N {N // 1024}k", runs=_PAGED_RUN)
     workload = kvcache.Workload()
     max_len = kvcache.simulate_serving("max_len", workload)
     paged = kvcache.simulate_serving("paged", workload)
@@ -613,14 +702,15 @@ def facts() -> dict[str, Fact]:
         "mean batch, paged / max_len")
     add("sampling_saving_4", f"{kvcache.sampling_saving(workload, n_samples=4)['saving']:.0%}",
         "07_decoding", "kvcache.sampling_saving(4 samples)")
-    from course_lib import unified_max
     lo, hi = unified_max.safe_window(np.float16)
     add("unified_window_f16", f"[{lo:.2f}, {hi:.2f}]", "07_decoding",
         "unified_max.safe_window(float16)")
 
-    # Lessons and decks: each group adds its facts below its own marker, never elsewhere
-    # --- facts: the decks' datasheet numbers and worked sizes ---
+
+def _facts_datasheet(add, load) -> None:
+    """Deck 02: the datasheet's numbers and worked sizes."""
     from course_lib.hardware import get_gpu
+
     add("h100_fp16_tflops", f"{get_gpu('H100-SXM').fp16_tensor_tflops} TFLOP/s", "02_gpu_tiling",
         "hardware: the H100 SXM datasheet's dense fp16 tensor-core rate")
     add("h100_smem_per_sm_kib", f"{get_gpu('H100-SXM').smem_per_sm_kib} KiB", "02_gpu_tiling",
@@ -628,12 +718,23 @@ def facts() -> dict[str, Fact]:
     bm, bn, bk, stages = 128, 256, 64, 3  # A's (BM, BK) and B's (BK, BN) fp16 tiles per stage
     add("tile_128x256x64_s3_kib", f"{(bm * bk + bk * bn) * 2 * stages // 1024} KiB",
         "02_gpu_tiling", "shared memory of a 128x256x64 fp16 tile, A and B, 3 stages")
-    # --- facts: notebooks 00-06 ---
+
+
+def _facts_notebooks_00_06(add, load) -> None:
+    """Notebooks 00-06."""
+    from course_lib.iomodel import attention as att
+
     one_pass = att.flash_attention_io(1024, 64, 4 * 64 * 1024)       # T_c = 1
     add("nb06_tc1_over_floor",
         f"{one_pass['elements'] / att.compulsory_io(1024, 1024, 64)['elements']:.1f} times",
         "nb:06_flash_v1_algorithm", "flash_attention_io at T_c = 1 / compulsory_io, N 1024, d 64")
-    # --- facts: notebooks 07, 08, 10 ---
+
+
+def _facts_notebooks_07_10(add, load) -> None:
+    """Notebooks 07, 08 and 10 (with the appendix 08a)."""
+    from course_lib.iomodel import attention as att
+
+    hbm = {r["target"]: r for r in load("hbm")["rows"]}
     fig2_min = att.compulsory_io(1024, 1024, 64, 64, 16)
     v2_hbm = hbm["v2-portable"]
     add("hbm_v2_reads_x_min", f"{v2_hbm['read_gb'] / (fig2_min['read_bytes'] / 1e9):.3f}×",
@@ -641,31 +742,46 @@ def facts() -> dict[str, Fact]:
     v2_short_mb = (fig2_min["write_bytes"] / 1e9 - v2_hbm["write_gb"]) * 1e3
     add("hbm_v2_writes_short", f"{v2_short_mb:.0f} MB",
         "nb:08a_flash_v2_measurements", "data/hbm.json: (O and lse once) - v2-portable writes")
-    # --- facts: notebook 09 ---
-    # --- facts: notebooks 11-14 ---
+
+
+def _facts_notebooks_11_14(add, load) -> None:
+    """Notebooks 11-14 (KV cache and GQA, flash decoding, paged attention, the capstone)."""
+    import numpy as np
+
+    from course_lib import unified_max
+
+    rows = _decode_results(load)
+    bw128 = _decode_bandwidth(load)[(1, 131072)]
     nb11 = "nb:11_kv_cache_gqa"
-    v2_run = ("decode.json:flash_attn_v2",)  # the one run of flash_attn_v2 at decode shapes
     v2_128k, v2_b8 = (rows[shape]["flash_attn_v2"] for shape in ((1, 131072), (8, 32768)))
     add("nb11_v2_128k_us", f"takes {v2_128k['us']:.0f} µs", nb11,
-        "data/decode.json B 1 N 128k flash_attn_v2, CUDA-graph replay", runs=v2_run)
+        "data/decode.json B 1 N 128k flash_attn_v2, CUDA-graph replay", runs=_V2_RUN)
     add("nb11_v2_128k_pct", f"{v2_128k['copy_fraction']:.0%} of the copy bandwidth", nb11,
         "data/decode.json B 1 N 128k flash_attn_v2 KV bandwidth / copy of the same run, graph",
-        runs=v2_run)
+        runs=_V2_RUN)
     add("nb11_v2_b8_pct", f"reaches {v2_b8['copy_fraction']:.0%}", nb11,
         "data/decode.json B 8 N 32k flash_attn_v2 KV bandwidth / copy of the same run, graph",
-        runs=v2_run)
+        runs=_V2_RUN)
     add("nb11_decode_128k_pct", f"`flash_decode` at {bw128['share']['flash_decode']:.0%}", nb11,
-        f"data/dropin.json B 1 N 128k flash_decode: {graph_bw}")
+        f"data/dropin.json B 1 N 128k flash_decode: {_GRAPH_BW}")
     add("nb11_fa2_128k_pct", f"at {bw128['share']['SDPA FLASH']:.0%} of the copy bandwidth",
-        nb11, f"data/dropin.json B 1 N 128k SDPA FLASH_ATTENTION: {graph_bw}")
+        nb11, f"data/dropin.json B 1 N 128k SDPA FLASH_ATTENTION: {_GRAPH_BW}")
     window13 = unified_max.safe_window(np.float16)
     add("nb13_unified_window_f16", f"[{window13[0]:.2f}, {window13[1]:.2f}]",
         "nb:13_paged_attention", "unified_max.safe_window(float16): the course's own rule")
-    # --- facts: decks ---
+
+
+def _facts_decks_01_07(add, load) -> None:
+    """Decks 01-07: the numbers their figures and worked examples quote."""
+    from course_lib import roofline
+    from course_lib.analysis.hopper import ideas_rows
     from course_lib.diagrams.slides_01_softmax import long_context_numbers
     from course_lib.diagrams.slides_04_flash_v1 import v1_at_one_block
     from course_lib.diagrams.slides_06_backward import matmul_counts
+    from course_lib.iomodel import attention as att
     from course_lib.widgets.softmax_steps import DEMO_ROW, trace
+
+    # deck 01: long contexts and the online softmax's worked row
     d_long = long_context_numbers()
     add("d01_s_128k", f"{d_long['s_bytes_128k'] / 2**30:.0f} GiB", "01_softmax",
         "diagrams.slides_01_softmax.long_context_numbers: one head's S at N 128k, fp16")
@@ -678,6 +794,7 @@ def facts() -> dict[str, Fact]:
         "widgets.softmax_steps.trace(DEMO_ROW): d after the last step")
     add("d01_alpha_blocked", f"{d_blocks[1].rescale:.3f}", "01_softmax",
         "widgets.softmax_steps.trace(DEMO_ROW, 4): step 2's rescale factor")
+    # deck 02: the fused floor; deck 04: v1 at one block and v2's measured bytes
     d_ops = roofline.classify("H100-SXM", roofline.lesson_ops("H100-SXM", N=4096, d=64, H=16,
                                                              fa2=True))
     add("d02_floor_fused_fa2_us", f"{d_ops[-1]['time_floor_us']:.0f} µs", "02_gpu_tiling",
@@ -685,15 +802,16 @@ def facts() -> dict[str, Fact]:
     add("d04_v1_tc1_x_floor", f"{v1_at_one_block()['ratio']:.1f}×", "04_flash_v1",
         "diagrams.slides_04_flash_v1.v1_at_one_block: flash_attention_io at T_c = 1 / floor")
     d_min = att.compulsory_io(1024, 1024, 64, 64, 16)
-    d_v2 = hbm["v2-portable"]
+    d_v2 = next(r for r in load("hbm")["rows"] if r["target"] == "v2-portable")
     add("d04_hbm_v2_read", f"{d_v2['read_gb']:.3f} GB", "04_flash_v1 05_triton_flash",
         "data/hbm.json: v2-portable DRAM reads")
     add("d04_hbm_v2_write", f"{d_v2['write_gb']:.3f} GB", "04_flash_v1 05_triton_flash",
         "data/hbm.json: v2-portable DRAM writes")
     add("d04_min_write", f"{d_min['write_bytes'] / 1e9:.3f} GB", "04_flash_v1 05_triton_flash",
         "iomodel.attention.compulsory_io at the Figure 2 shape: O and lse written once")
+    # deck 05: lazy rescaling; deck 06: the backward's matmuls
     add("d05_lazy_rescale",
-        _pct_span([1 - r["ratio"] for r in ideas if r["idea"].startswith("lazy")]),
+        _pct_span([1 - r["ratio"] for r in ideas_rows() if r["idea"].startswith("lazy")]),
         "05_triton_flash", "analysis.hopper.ideas_rows: lazy rescaling, 1 - best with / without")
     d_mm = matmul_counts()
     add("d06_matmuls_split", f"{d_mm['dkdv']} + {d_mm['dq']}", "06_backward",
@@ -702,19 +820,26 @@ def facts() -> dict[str, Fact]:
         "the course's backward matmuls / the five of the 2.5x convention")
     add("d06_two_pass_extra", f"{d_mm['total'] / 4 - 1:.0%}", "06_backward",
         "backward FLOPs, the course's matmuls / the four needed with P kept, - 1")
+    # deck 07: the decode step's bandwidth and the LLaMA run
+    v2_128k = _decode_results(load)[(1, 131072)]["flash_attn_v2"]
+    bw128 = _decode_bandwidth(load)[(1, 131072)]
     add("d07_v2_128k_pct", f"{v2_128k['copy_fraction']:.0%}", "07_decoding",
-        "data/decode.json B 1 N 128k flash_attn_v2 / copy of the same run, graph", runs=v2_run)
+        "data/decode.json B 1 N 128k flash_attn_v2 / copy of the same run, graph", runs=_V2_RUN)
     add("d07_fa2_128k_pct", f"{bw128['share']['SDPA FLASH']:.0%}", "07_decoding",
-        f"data/dropin.json B 1 N 128k SDPA FLASH_ATTENTION: {graph_bw}")
-    d_llama = next(r for r in load_result("llama")["rows"] if r["prompt"] == 8192)
+        f"data/dropin.json B 1 N 128k SDPA FLASH_ATTENTION: {_GRAPH_BW}")
+    d_llama = next(r for r in load("llama")["rows"] if r["prompt"] == 8192)
     for key, col in (("prefill_ours", "prefill_ms_course_kernels"), ("prefill_sdpa",
                      "prefill_ms_sdpa"), ("decode_ours", "decode_ms_course_kernels"),
                      ("decode_sdpa", "decode_ms_sdpa")):
         add(f"d07_llama_8k_{key}", f"{d_llama[col]:.1f}", "07_decoding",
             f"data/llama.json prompt 8192: {col}")
-    # deck 08 (lesson 15): the window's counted work and the stored variants run
+
+
+def _facts_deck_08(add, load) -> None:
+    """Deck 08 (variants, lesson 15): the window's counted work and the stored variants runs."""
     from course_lib.iomodel.variants import block_map, variant_io
-    d08 = load_result("variants_fwd")
+
+    d08 = load("variants_fwd")
     d08_w = d08["shape"]["window"]
     d08_io = {(win, bm): variant_io(16384, 16384, 128, bm, 64, win)
               for win in ((-1, 0), (d08_w, 0)) for bm in (128, 64)}
@@ -802,7 +927,7 @@ def facts() -> dict[str, Fact]:
     add("d08_fwd_vs_flex_window", f"{d08_vs['window']:.2f}×", "08_variants",
         "data/variants_fwd.json: ours / FlexAttention TFLOP/s, window")
     # the backward: the same harness, autograd.grad of a forward made once (variants_bwd.json)
-    d08b = load_result("variants_bwd")
+    d08b = load("variants_bwd")
     d08b_t = {r["provider"]: r["tflops_visited"] for r in d08b["rows"]}
     d08b_ms = {r["provider"]: r["ms"] for r in d08b["rows"]}
     for key, prov in (("causal", "variants causal"), ("window", f"variants window {d08_w}"),
@@ -833,7 +958,7 @@ def facts() -> dict[str, Fact]:
     add("d08_bwd_ms_window", f"{d08b_ms[f'variants window {d08_w}']:.2f} ms", "08_variants",
         "data/variants_bwd.json variants window")
     # packed sequences against as many dense sequences of the mean length (variants_varlen.json)
-    d08v = load_result("variants_varlen")
+    d08v = load("variants_varlen")
     d08v_t = {(r["provider"], r["direction"]): r["tflops_visited"] for r in d08v["rows"]}
     add("d08_varlen_mean", f"{d08v['shape']['mean']}", "08_variants",
         "data/variants_varlen.json: mean sequence length")
@@ -845,27 +970,20 @@ def facts() -> dict[str, Fact]:
         add(f"d08_varlen_{key}", f"{d08v_t[('varlen', key)] / d08v_t[('dense', key)]:.2f}×",
             "08_variants", f"data/variants_varlen.json {key}: varlen / dense TFLOP/s")
 
-    # Kernel docstrings: each kernel file states its current measured speed -------------------
-    def env_of(result):
-        env = result["environment"]
-        return (f"{env['gpu']}, torch {env['torch']}, triton {env['triton']}, "
-                f"{env['date'][:10]}")
 
-    def speed(result, D, causal, prov, N=16384):
-        t = _tflops(result, D, causal, N, prov)
-        fa2 = t / _tflops(result, D, causal, N, "sdpa-FLASH_ATTENTION")
-        cudnn = t / _tflops(result, D, causal, N, "sdpa-CUDNN_ATTENTION")
-        return (f"D {D}, N {N // 1024}k, {'causal' if causal else 'non-causal'}: {t:.0f} TFLOP/s, "
-                f"{fa2:.2f}x SDPA FLASH_ATTENTION, {cudnn:.2f}x SDPA CUDNN_ATTENTION")
-
+def _facts_kernel_docstrings(add, load) -> None:
+    """Kernel docstrings: each kernel file states its current measured speed."""
+    fwd, bwd_speed = load("attention_fwd"), load("attention_bwd")
+    dec, drop, mm = load("decode"), load("dropin"), load("matmul")["headline"]
+    rows = _decode_results(load)
     src = "src:course_lib/kernels/"
-    add("kdoc_fwd_env", env_of(fwd), f"{src}flash_v2.py {src}flash_v2_hopper.py {src}flash_v1.py",
+    add("kdoc_fwd_env", _env_of(fwd), f"{src}flash_v2.py {src}flash_v2_hopper.py {src}flash_v1.py",
         "data/attention_fwd.json environment")
-    add("kdoc_bwd_env", env_of(bwd_speed), f"{src}flash_bwd.py",
+    add("kdoc_bwd_env", _env_of(bwd_speed), f"{src}flash_bwd.py",
         "data/attention_bwd.json environment")
-    add("kdoc_paged_env", env_of(dec), f"{src}decode.py",
-        "data/decode.json environment: the run of paged_decode / flash_decode", runs=paged_run)
-    add("kdoc_dec_env", env_of(drop), f"{src}decode.py", "data/dropin.json environment")
+    add("kdoc_paged_env", _env_of(dec), f"{src}decode.py",
+        "data/decode.json environment: the run of paged_decode / flash_decode", runs=_PAGED_RUN)
+    add("kdoc_dec_env", _env_of(drop), f"{src}decode.py", "data/dropin.json environment")
 
     def _shape(r):
         return f"B {r['B']}, N {r['N'] // 1024}k"
@@ -882,16 +1000,16 @@ def facts() -> dict[str, Fact]:
         "cuDNN, eager")
     add("kdoc_dec_host", f"{drop['host']['plan_run_us']:.0f} µs", f"{src}decode.py",
         "data/dropin.json host: plan_run_us")
-    add("kdoc_mm_env", env_of(load_result("matmul")), f"{src}matmul.py",
+    add("kdoc_mm_env", _env_of(load("matmul")), f"{src}matmul.py",
         "data/matmul.json environment")
     for D in (64, 128):
-        add(f"kdoc_portable_{D}", speed(fwd, D, False, "v2-portable"), f"{src}flash_v2.py",
+        add(f"kdoc_portable_{D}", _speed(fwd, D, False, "v2-portable"), f"{src}flash_v2.py",
             f"data/attention_fwd.json v2-portable, D {D}, N 16k")
-        add(f"kdoc_hopper_{D}", speed(fwd, D, False, "v2-hopper"), f"{src}flash_v2_hopper.py",
+        add(f"kdoc_hopper_{D}", _speed(fwd, D, False, "v2-hopper"), f"{src}flash_v2_hopper.py",
             f"data/attention_fwd.json v2-hopper, D {D}, N 16k")
-        add(f"kdoc_hopper_{D}_c", speed(fwd, D, True, "v2-hopper"), f"{src}flash_v2_hopper.py",
+        add(f"kdoc_hopper_{D}_c", _speed(fwd, D, True, "v2-hopper"), f"{src}flash_v2_hopper.py",
             f"data/attention_fwd.json v2-hopper, D {D}, N 16k, causal")
-        add(f"kdoc_bwd_{D}", speed(bwd_speed, D, False, "v2-portable"), f"{src}flash_bwd.py",
+        add(f"kdoc_bwd_{D}", _speed(bwd_speed, D, False, "v2-portable"), f"{src}flash_bwd.py",
             f"data/attention_bwd.json v2-portable backward, D {D}, N 16k")
     v1_128 = _tflops(fwd, 128, False, 16384, "v1")
     add("kdoc_v1_128", f"D 128, N 16k, non-causal: {v1_128:.0f} TFLOP/s, "
@@ -900,17 +1018,21 @@ def facts() -> dict[str, Fact]:
     paged_each = [r["paged_decode"]["ms"] / r["flash_decode"]["ms"] for r in rows.values()]
     add("kdoc_paged", f"paged_decode / flash_decode latency {_span(paged_each)}",
         f"{src}decode.py", "data/decode.json paged / flash, every shape, graph replays",
-        runs=paged_run)
+        runs=_PAGED_RUN)
     add("kdoc_matmul", f"4096³ fp16: {mm['course_tflops']:.0f} TFLOP/s against cuBLAS "
         f"{mm['torch_tflops']:.0f} ({mm['ratio']:.2f}x)", f"{src}matmul.py",
         "data/matmul.json headline")
 
-    var = load_result("variants_fwd")
+
+def _facts_variant_docstrings(add, load) -> None:
+    """Kernel docstrings of the variants kernels (lesson 15): their measured speed."""
+    src = "src:course_lib/kernels/"
+    var = load("variants_fwd")
     vt = {r["provider"]: r["tflops_visited"] for r in var["rows"]}
     w = var["shape"]["window"]
     var_ms = {r["provider"]: r["ms"] for r in var["rows"]}
     speedup = var_ms["variants causal"] / var_ms[f"variants window {w}"]
-    add("kdoc_var_env", env_of(var), f"{src}flash_variants.py",
+    add("kdoc_var_env", _env_of(var), f"{src}flash_variants.py",
         "data/variants_fwd.json environment")
     add("kdoc_var_speed",
         f"causal {vt['variants causal']:.0f} TFLOP/s (FlexAttention {vt['flex causal']:.0f}); "
@@ -924,14 +1046,14 @@ def facts() -> dict[str, Fact]:
         "data/variants_fwd.json: TFLOP/s on the visited area, every provider")
     if "variants hopper causal" in vt:
         hop = f"variants hopper window {w}"
-        add("kdoc_var_hopper_env", env_of(var), f"{src}flash_variants_hopper.py",
+        add("kdoc_var_hopper_env", _env_of(var), f"{src}flash_variants_hopper.py",
             "data/variants_fwd.json environment")
         add("kdoc_var_hopper_speed",
             f"causal {vt['variants hopper causal']:.0f} TFLOP/s (FlexAttention "
             f"{vt['flex causal']:.0f}); window {w}: {vt[hop]:.0f} (FlexAttention "
             f"{vt[f'flex window {w}']:.0f}), "
-            f"{d08_ms['variants hopper causal'] / d08_ms[hop]:.2f}x faster than its own full "
-            f"causal and {d08_ms['flash_attn_v2 causal (auto)'] / d08_ms[hop]:.2f}x faster than "
+            f"{var_ms['variants hopper causal'] / var_ms[hop]:.2f}x faster than its own full "
+            f"causal and {var_ms['flash_attn_v2 causal (auto)'] / var_ms[hop]:.2f}x faster than "
             f"the dense Hopper kernel's; causal with softcap "
             f"{vt['variants hopper causal softcap']:.0f} (FlexAttention "
             f"{vt['flex causal softcap']:.0f}), with ALiBi "
@@ -942,10 +1064,10 @@ def facts() -> dict[str, Fact]:
             f"{src}flash_variants_hopper.py", "data/variants_fwd.json: TFLOP/s on the visited "
             "area, the TMA variants kernel")
 
-    bwd_var = load_result("variants_bwd")
+    bwd_var = load("variants_bwd")
     bt = {r["provider"]: r["tflops_visited"] for r in bwd_var["rows"]}
     bw = bwd_var["shape"]["window"]
-    add("kdoc_varbwd_env", env_of(bwd_var), f"{src}flash_variants_bwd.py",
+    add("kdoc_varbwd_env", _env_of(bwd_var), f"{src}flash_variants_bwd.py",
         "data/variants_bwd.json environment")
     add("kdoc_varbwd_speed",
         "; ".join(f"{label} {bt['variants ' + key]:.0f} TFLOP/s (FlexAttention "
@@ -957,7 +1079,7 @@ def facts() -> dict[str, Fact]:
         f"(flash_bwd) causal {bt['flash_attn_v2 causal (portable)']:.0f}",
         f"{src}flash_variants_bwd.py",
         "data/variants_bwd.json: backward TFLOP/s on the visited area, every provider")
-    vl = load_result("variants_varlen")
+    vl = load("variants_varlen")
     vr = {(r["provider"], r["direction"]): r["tflops_visited"] for r in vl["rows"]}
     add("kdoc_varlen_speed",
         f"{vl['shape']['sequences']} causal sequences of random lengths 1 to "
@@ -968,7 +1090,14 @@ def facts() -> dict[str, Fact]:
         f"{vr[('varlen', 'backward')]:.0f} against {vr[('dense', 'backward')]:.0f}",
         f"{src}flash_variants_bwd.py", "data/variants_varlen.json")
 
-    # README: the measured table (readme_measured), each row with its harness ------------------
+
+def _facts_readme(add, load) -> None:
+    """README: the measured table (readme_measured), each row with its harness."""
+    fwd, bwd_speed, mm = load("attention_fwd"), load("attention_bwd"), load("matmul")["headline"]
+    hbm = {r["target"]: r for r in load("hbm")["rows"]}
+    mem = next(r for r in load("memory")["rows"] if r["N"] == 16384)["results"]
+    rows = _decode_results(load)
+
     def nb(r, D=None, causal=None, long=None):
         return ((D is None or r["D"] == D) and (causal is None or r["causal"] == causal)
                 and (long is None or (r["N"] >= 4096) == long))
@@ -993,18 +1122,18 @@ def facts() -> dict[str, Fact]:
     add("hbm_v1_readme_gb", f"{hbm['v1']['total_gb']:.1f} GB", "README", "data/hbm.json: v1")
     add("hbm_math_readme_gb", f"{hbm['sdpa-MATH']['total_gb']:.1f} GB", "README",
         "data/hbm.json: SDPA MATH")
-    add("hbm_min_gb", f"{load_result('hbm')['minimum_gb']:.3f} GB", "README",
+    add("hbm_min_gb", f"{load('hbm')['minimum_gb']:.3f} GB", "README",
         "data/hbm.json: the compulsory bytes (read Q, K, V once, write O once)")
     paged_all = [r["paged_decode"]["ms"] / r["flash_decode"]["ms"] for r in rows.values()]
     add("paged_ratio_all", _span(paged_all), "README",
-        "data/decode.json paged / flash latency (graph), every shape", runs=paged_run)
+        "data/decode.json paged / flash latency (graph), every shape", runs=_PAGED_RUN)
     add("matmul_ratio", f"{mm['ratio']:.2f}×", "README",
         "data/matmul.json headline: course / cuBLAS TFLOP/s, 4096³ fp16")
     add("mem_math_peak_gib", f"{mem['sdpa-MATH']['peak_bytes'] / 2**30:.1f} GiB", "README",
         "data/memory.json N 16384 SDPA MATH peak")
     add("mem_v2_peak_gib", f"{mem['flash_attn_v2']['peak_bytes'] / 2**30:.2f} GiB", "README",
         "data/memory.json N 16384 flash_attn_v2 peak")
-    llama = load_result("llama")
+    llama = load("llama")
     for row in llama["rows"]:
         n = row["prompt"]
         for phase in ("prefill", "decode"):
@@ -1013,7 +1142,10 @@ def facts() -> dict[str, Fact]:
                 f"data/llama.json prompt {n}: {phase} ms, course kernels / SDPA")
     _pairs_fact(add, "llama", llama, 512, "decode", "src:course_lib/hf/capstone.py")
 
-    # Drop-in use: eager and graphed decode, host time, padded head dims, compiled
+
+def _facts_dropin(add, load) -> None:
+    """README, lesson 12, deck 07: drop-in use (eager and graphed decode, host times, D 80, 96)."""
+    drop = load("dropin")
     add("drop_gpu", gpu_name(drop), "README nb:12_flash_decoding", "data/dropin.json environment")
     for r in drop["decode"]:  # the lesson's prose quotes B 1, N 4k; its table prints every row
         if (r["B"], r["N"]) != (1, 4096):
@@ -1058,13 +1190,17 @@ def facts() -> dict[str, Fact]:
             f"data/dropin.json head_dims D {d}: SDPA FLASH ms / ours ms, causal and not")
         add(f"drop_d{d}_cudnn", _span([r["sdpa_cudnn_ms"] / r["ours_ms"] for r in rs]), "README",
             f"data/dropin.json head_dims D {d}: SDPA cuDNN ms / ours ms, causal and not")
-    disp = load_result("dispatch")["host"]  # its SDPA columns: superseded by dropin.json's host
+    disp = load("dispatch")["host"]  # its SDPA columns: superseded by dropin.json's host
     for key, col in (("direct", "flash_attn_fwd_direct_us"),
                      ("library", "flash_attn_fwd_library_us"),
                      ("custom_op", "flash_attn_fwd_custom_op_us")):
         add(f"disp_{key}", f"{disp[col]:.0f} µs", "nb:12_flash_decoding",
             f"data/dispatch.json host: {col}", runs=(f"dispatch.json:{col}",))
-    cap = load_result("capstone_compiled")
+
+
+def _facts_capstone(add, load) -> None:
+    """README and lessons 14, 14a: the LLaMA capstone, eager and compiled."""
+    cap = load("capstone_compiled")
     add("cap_gpu", gpu_name(cap), "README nb:14_llama_capstone nb:14a_capstone_measurements",
         "data/capstone_compiled.json environment")
     for row in cap["rows"]:
@@ -1079,7 +1215,6 @@ def facts() -> dict[str, Fact]:
                     f"data/capstone_compiled.json prompt {n}: {mode} {phase}, ours / SDPA")
     for n, measure in ((2048, "prefill"), (512, "decode_compiled"), (2048, "decode_compiled")):
         _pairs_fact(add, "capstone_compiled", cap, n, measure, "nb:14a_capstone_measurements")
-    return f
 
 
 def _pairs_fact(add, name: str, result: dict, prompt: int, measure: str, where: str) -> None:

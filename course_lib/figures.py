@@ -4,6 +4,8 @@
     python -m course_lib.figures --check      # draw every figure afresh and compare
     python -m course_lib.figures --list       # every stem and the module that draws it
     python -m course_lib.figures STEM ...     # only these (the manifest keeps the others)
+    python -m course_lib.figures --check --jobs 1   # in this process only (default: one
+                                                    # worker process per CPU)
     python -m course_lib.figures --untranslated   # Chinese twins' texts still to translate
 
 Every figure an English deck shows has a Chinese twin, ``<stem>_zh``: the same figure with its
@@ -31,10 +33,16 @@ the figure shows, exactly, and every drawn line, bar, marker and image in axes c
   one of it in the other image is within 10% in every channel;
 * checks that every PNG in images/ is the one its manifest names.
 
-tests/test_figures.py runs the check in this process, under ``ATEN_CPU_CAPABILITY=default``,
-with NumPy's SIMD extensions off and with one thread against several, and shows that it fails
-on a deliberately changed figure. PNGs are saved without the "Software" text chunk, and
-matplotlib writes no date into a PNG: two runs on one machine give byte-identical files.
+Drawing is most of the time, so the figures are drawn in worker processes, one per CPU (spawned:
+each starts a fresh interpreter, imports the figure modules as ``collect`` does, and draws a
+figure exactly as this process would, into the same PNG bytes); the results are gathered in
+the manifest's order, and a figure that raises is reported by its stem, not the whole run.
+
+tests/test_figures.py runs the check under ``ATEN_CPU_CAPABILITY=default``, with NumPy's SIMD
+extensions off and with one thread against several (the worker processes inherit all three),
+and shows that it fails on a deliberately changed figure. PNGs are saved without the
+"Software" text chunk, and matplotlib writes no date into a PNG: two runs on one machine give
+byte-identical files.
 """
 from __future__ import annotations
 
@@ -42,6 +50,7 @@ import argparse
 import hashlib
 import importlib
 import json
+import os
 import pkgutil
 import sys
 import time
@@ -502,6 +511,8 @@ def compare_pixels(old_png: bytes, new_png: bytes, level: float = PIXEL_LEVEL,
     """Why two PNGs look different (size, or which pixels), or None when they look the same."""
     import numpy as np
 
+    if old_png == new_png:  # the same bytes: the same pixels, nothing to decode
+        return None
     a, b = _decode(old_png), _decode(new_png)
     if a.shape != b.shape:
         return f"size {a.shape[1]}×{a.shape[0]} became {b.shape[1]}×{b.shape[0]} pixels"
@@ -547,32 +558,112 @@ def figure_png(fn) -> bytes | None:
     return None if drawn is None else drawn[0]
 
 
-def _draw_all(stems=None, figures=None, verbose=False):
-    """{stem: (png, content)} and {stem: why skipped} for every figure (or ``stems``)."""
-    figures = collect() if figures is None else figures
+def default_jobs() -> int:
+    """How many worker processes draw figures: one per CPU this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def _draw_timed(fn) -> tuple:
+    """``draw(fn)`` as ("drawn", (png, content)), ("none", None) or ("error", why), and the
+    seconds it took: a figure that raises is a result, not the end of the run."""
+    import traceback
+
+    t0 = time.perf_counter()
+    try:
+        result = draw(fn)
+    except Exception as exc:  # reported with the figure's stem by the caller
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        why = (f"raised {type(exc).__name__}: {exc} "
+               f"({Path(frame.filename).name}:{frame.lineno} in {frame.name})")
+        return "error", why, time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    return ("none", None, seconds) if result is None else ("drawn", result, seconds)
+
+
+#: Below this many figures, ``_draw_all`` draws in this process by default: a worker process
+#: spends seconds importing torch and the figure modules before it draws its first figure.
+_FEW = 16
+_WORKER: dict = {}   # in a worker process: {stem: (module, fn)}, from its own collect()
+
+
+def _worker_start(zh: bool, threads: int | None) -> None:
+    """A worker process's set-up: the parent's backend and torch threads, every figure module
+    imported (``collect``, as the parent did)."""
+    plt.switch_backend("Agg")
+    if threads is not None:
+        import torch
+        torch.set_num_threads(threads)
+    _WORKER.update(collect(zh=zh))
+
+
+def _worker_draw(stem: str) -> tuple:
+    return _draw_timed(_WORKER[stem][1])
+
+
+def _draw_in_workers(todo: list[str], jobs: int, zh: bool) -> dict:
+    """{stem: ``_draw_timed`` result} for the figures of ``collect(zh)`` named in ``todo``,
+    drawn by ``jobs`` spawned worker processes."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    threads = None
+    if "torch" in sys.modules:  # a worker computes with as many threads as this process
+        threads = sys.modules["torch"].get_num_threads()
+    results = {}
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_worker_start, initargs=(zh, threads)) as pool:
+        futures = {pool.submit(_worker_draw, stem): stem for stem in todo}
+        for future in as_completed(futures):
+            try:
+                results[futures[future]] = future.result()
+            except Exception as exc:  # the worker itself died or failed to start
+                results[futures[future]] = ("error", f"its worker process failed: "
+                                            f"{type(exc).__name__}: {exc}", 0.0)
+    return results
+
+
+def _draw_all(stems=None, figures=None, verbose=False, jobs=None, zh=True):
+    """{stem: (png, content)}, {stem: why skipped} and {stem: why it failed} for every figure
+    (or ``stems``). ``figures`` ({stem: (module, fn)}) draws those functions in this process;
+    by default the figures of ``collect(zh)`` are drawn by ``jobs`` worker processes
+    (default: ``default_jobs()``, or 1 for fewer than ``_FEW`` figures; 1: in this process)."""
+    catalogue = figures is None
+    figures = collect(zh=zh) if figures is None else figures
     if stems is not None:
         unknown = set(stems) - set(figures)
         if unknown:
             raise KeyError(f"unknown figure stems: {sorted(unknown)}")
-    drawn, skipped = {}, {}
-    for stem, (module, fn) in figures.items():
-        if stems is not None and stem not in stems:
-            continue
-        t0 = time.perf_counter()
-        result = draw(fn)
-        if result is None:
+    todo = [stem for stem in figures if stems is None or stem in stems]
+    if jobs is None:  # a few figures draw here sooner than a worker process starts
+        jobs = default_jobs() if len(todo) >= _FEW else 1
+    jobs = min(jobs, len(todo))
+    if catalogue and jobs > 1:
+        results = _draw_in_workers(todo, jobs, zh)
+    else:
+        results = {stem: _draw_timed(figures[stem][1]) for stem in todo}
+    drawn, skipped, failed = {}, {}, {}
+    for stem in todo:  # the order of ``figures``, however the workers finished
+        module = figures[stem][0]
+        status, result, seconds = results[stem]
+        if status == "error":
+            failed[stem] = f"{module}: {result}"
+            if verbose:
+                print(f"  FAILED {stem}: {failed[stem]}")
+        elif status == "none":
             skipped[stem] = (f"{module}: no CJK font (apt-get install fonts-noto-cjk)"
                              if stem.endswith(ZH_SUFFIX) and not has_cjk_font() else
                              f"{module}: no data (a stored measurement in course_lib/data "
                              "is missing)")
             if verbose:
                 print(f"  skipped {stem}: {skipped[stem]}")
-            continue
-        drawn[stem] = result
-        if verbose:
-            print(f"  {stem + '.png':<34} {len(result[0]) / 1024:6.0f} KiB  "
-                  f"{time.perf_counter() - t0:5.2f} s  ({module})")
-    return drawn, skipped
+        else:
+            drawn[stem] = result
+            if verbose:
+                print(f"  {stem + '.png':<34} {len(result[0]) / 1024:6.0f} KiB  "
+                      f"{seconds:5.2f} s  ({module})")
+    return drawn, skipped, failed
 
 
 def load_manifest(images: Path = IMAGES) -> dict | None:
@@ -593,16 +684,18 @@ def _manifest_text(manifest: dict) -> str:
     return "\n".join(lines + [" }", "}"]) + "\n"
 
 
-def render(out: Path, stems=None, verbose: bool = True, figures=None) -> dict:
+def render(out: Path, stems=None, verbose: bool = True, figures=None, jobs=None) -> dict:
     """Write ``out/<stem>.png`` for every figure (or those in ``stems``) and update the manifest.
 
-    ``figures`` ({stem: (module, fn)}, default ``collect()``) lets a test draw its own.
-    Returns {"written": {stem: sha256}, "skipped": {stem: reason}}.
+    ``figures`` ({stem: (module, fn)}, default ``collect()``) lets a test draw its own, in this
+    process; ``collect()``'s are drawn by ``jobs`` worker processes (``_draw_all``). Returns
+    {"written": {stem: sha256}, "skipped": {stem: reason}, "failed": {stem: what it raised}};
+    a figure that failed keeps its old file and manifest entry.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    drawn, skipped, failed = _draw_all(stems, figures, verbose=verbose, jobs=jobs)
     figures = collect() if figures is None else figures
-    drawn, skipped = _draw_all(stems, figures, verbose=verbose)
     old = load_manifest(out) or {}
     entries = {} if stems is None else dict(old.get("figures", {}))
     for stem, (png, content) in drawn.items():
@@ -614,22 +707,25 @@ def render(out: Path, stems=None, verbose: bool = True, figures=None) -> dict:
                 "dpi": DPI, "figures": {stem: entries[stem] for stem in ordered}}
     (out / MANIFEST).write_text(_manifest_text(manifest))
     return {"written": {s: e["sha256"] for s, e in entries.items() if s in drawn},
-            "skipped": skipped}
+            "skipped": skipped, "failed": failed}
 
 
-def check(images: Path = IMAGES, stems=None, figures=None) -> list[str]:
+def check(images: Path = IMAGES, stems=None, figures=None, jobs=None,
+          zh: bool = True) -> list[str]:
     """Draw every figure (or ``stems`` of ``figures``) afresh and compare it with ``images``.
 
+    ``figures`` ({stem: (module, fn)}) are drawn in this process; by default those of
+    ``collect(zh)`` (``zh=False``: the English figures only), by ``jobs`` worker processes.
     Returns the problems found, one line each; empty when images/ is what the code draws now.
     """
     images = Path(images)
     manifest = load_manifest(images)
     if manifest is None:
         return [f"{images / MANIFEST} is missing: run python -m course_lib.figures"]
-    drawn, skipped = _draw_all(stems, figures)
+    drawn, skipped, failed = _draw_all(stems, figures, jobs=jobs, zh=zh)
     stored = manifest["figures"]
-    problems = []
-    if stems is None and figures is None:
+    problems = [f"{s}.png could not be drawn: {why}" for s, why in failed.items()]
+    if stems is None and figures is None and zh:
         problems += [f"{s}.png is in images/ but no FIGURES function draws it now"
                      for s in sorted(set(stored) - set(drawn) - set(skipped))]
     problems += [f"{s}.png is new: run python -m course_lib.figures"
@@ -665,6 +761,9 @@ def main(argv=None) -> int:
     parser.add_argument("--list", action="store_true", help="list the stems and their modules")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch.set_num_threads(N) first (the tests vary it)")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="worker processes that draw (default: one per CPU; 1: none, all "
+                             "in this process)")
     parser.add_argument("--english", action="store_true",
                         help="with --check: the English figures only (the Chinese twins show "
                              "the same numbers)")
@@ -692,17 +791,20 @@ def main(argv=None) -> int:
         print(json.dumps(missing, ensure_ascii=False, indent=1))
         return 0
     if args.check:
-        problems = check(args.out, stems=args.stems or None,
-                         figures=collect(zh=False) if args.english else None)
+        problems = check(args.out, stems=args.stems or None, jobs=args.jobs,
+                         zh=not args.english)
         for p in problems:
             print("DIFFERENT:", p)
         print(f"{'OK' if not problems else 'FAILED'}: {args.out} checked in "
               f"{time.perf_counter() - t0:.1f} s")
         return 1 if problems else 0
-    result = render(args.out, stems=args.stems or None)
+    result = render(args.out, stems=args.stems or None, jobs=args.jobs)
+    for stem, why in result["failed"].items():
+        print(f"FAILED: {stem}.png could not be drawn: {why}")
     print(f"{len(result['written'])} figures written to {args.out}, "
-          f"{len(result['skipped'])} skipped, in {time.perf_counter() - t0:.1f} s")
-    return 0
+          f"{len(result['skipped'])} skipped, {len(result['failed'])} failed, in "
+          f"{time.perf_counter() - t0:.1f} s")
+    return 1 if result["failed"] else 0
 
 
 if __name__ == "__main__":

@@ -231,3 +231,33 @@ def test_a_real_figure_changed_by_one_label_fails(monkeypatch):
         return fig
     problems = figures.check(stems=[stem], figures={stem: (module, changed)})
     assert any(f"{stem}.png: texts changed" in p for p in problems), problems
+
+
+# --- worker processes draw what this process draws --------------------------------------------
+
+def test_worker_processes_draw_what_this_process_draws():
+    """The check draws in spawned worker processes (one per CPU): the same PNG bytes and the same
+    content as drawing in this process, gathered in the manifest's order, a Chinese twin too."""
+    twin = next(s for s in figures.collect() if s.endswith(figures.ZH_SUFFIX))
+    stems = [*CHEAP[:2], twin]
+    here, skipped_here, failed_here = figures._draw_all(stems, jobs=1)
+    there, skipped, failed = figures._draw_all(stems, jobs=2)
+    assert not failed and not failed_here, (failed, failed_here)
+    assert skipped == skipped_here
+    assert list(there) == list(here) == [s for s in figures.collect() if s in set(there)]
+    for stem in here:
+        assert there[stem][0] == here[stem][0], f"{stem}: the PNG bytes differ"
+        assert there[stem][1] == here[stem][1], f"{stem}: the content differs"
+
+
+def test_a_figure_that_raises_is_reported_by_its_stem(tmp_path):
+    def broken():
+        raise ZeroDivisionError("no data")
+
+    found = {**_toy(), "broken": ("tests", broken)}
+    result = figures.render(tmp_path, figures=found, verbose=False)
+    assert list(result["written"]) == ["toy"]
+    assert "ZeroDivisionError: no data" in result["failed"]["broken"]
+    problems = figures.check(tmp_path, figures=found)
+    assert len(problems) == 1 and problems[0].startswith("broken.png could not be drawn: tests: "
+                                                         "raised ZeroDivisionError"), problems

@@ -55,7 +55,8 @@ def test_deck_source(deck, lang):
     assert "_class: title" in bodies[0] and re.search(r"^# ", bodies[0], re.M), "no title slide"
     assert "_class: closing" in bodies[-1], "the last slide is not the closing slide"
     for nb in slides.notebooks_of(deck):
-        assert f"notebooks/{nb}.ipynb" in bodies[-1], f"closing slide does not name {nb}"
+        assert f"`{nb}`" in bodies[-1] or f"notebooks/{nb}.ipynb" in bodies[-1], \
+            f"closing slide does not name {nb}"
     # Images: relative links into images/, each of which exists.
     depth = "../../" if lang == "zh" else "../"
     for link in MD_IMAGE.findall(path.read_text()):
@@ -102,6 +103,134 @@ def test_decks_quote_the_numbers_the_code_computes():
 
     problems = [p for p in results.check() if p.startswith("slides/")]
     assert not problems, "\n".join(problems)
+
+
+# --- the closing slide's exercises: the catalogue's, in both languages ------------------------
+
+@pytest.fixture(scope="module")
+def catalogue():
+    from course_lib.exercises import catalogue
+
+    return catalogue()
+
+
+def test_every_exercise_has_a_slide_phrase(catalogue):
+    """Every exercise of the catalogue has a short phrase in English and in Chinese
+    (course_lib/data/exercise_phrases.json), and the table names no other."""
+    phrases = slides.exercise_phrases()
+    exercises = {n for n, e in catalogue.items() if e.kind != "question"}
+    assert set(phrases) == exercises, (f"no phrase: {sorted(exercises - set(phrases))}; "
+                                       f"no exercise: {sorted(set(phrases) - exercises)}")
+    for name, phrase in phrases.items():
+        assert set(phrase) == set(LANGS), name
+        assert all(phrase[lang].strip() for lang in LANGS), name
+        assert len(phrase["en"]) <= 40 and len(phrase["zh"]) <= 20, f"{name}: not a slide phrase"
+        outside = re.sub(r"\([^)]*\)", "", phrase["en"] + phrase["zh"])  # "(m, d)" is a name
+        for sep in (", ", "; ", "、", "；"):  # the separators of a line
+            assert sep not in outside, f"{name}: {sep!r} in a phrase"
+
+
+@pytest.mark.parametrize("lang", LANGS)
+@pytest.mark.parametrize("deck", DECKS)
+def test_closing_slide_lists_the_catalogue_exercises(deck, lang, catalogue):
+    """The closing slide's exercise list is the block ``exercise_block`` generates from the
+    catalogue, between its markers, once (python -m course_lib.slides exercises --write)."""
+    problems = slides.exercise_problems(decks={deck}, langs={lang}, items=catalogue)
+    assert not problems, "\n".join(problems)
+    front, bodies = slides_of_markdown(slides.deck_path(deck, lang))
+    assert slides.exercise_block(deck, lang, catalogue) in bodies[-1]
+
+
+def _fake_catalogue(*names):
+    """A catalogue of stand-ins for 10_backward (deck 06): a name ending in "_k" is a Triton
+    exercise, one starting with "q" a think-question, the others Python exercises."""
+    from types import SimpleNamespace
+
+    def kind(n):
+        return "question" if n.startswith("q") else "triton" if n.endswith("_k") else "python"
+    return {n: SimpleNamespace(lesson="10_backward", kind=kind(n)) for n in names}
+
+
+FAKE_PHRASES = {"five": {"en": "the five formulas", "zh": "五个公式"},
+                "delta_k": {"en": "the delta kernel", "zh": "delta 核函数"},
+                "new": {"en": "a new one", "zh": "新的练习"}}
+
+
+@pytest.fixture
+def fake_decks(tmp_path, monkeypatch):
+    """slides/06_backward.md and slides/zh/06_backward.md in ``tmp_path``, each with the block
+    of a fake catalogue (five, delta_k, q1) on its closing slide."""
+    folders = {"en": tmp_path / "slides", "zh": tmp_path / "slides" / "zh"}
+    items = _fake_catalogue("five", "delta_k", "q1")
+    phrases = {n: FAKE_PHRASES[n] for n in ("five", "delta_k")}
+    for lang, folder in folders.items():
+        folder.mkdir(parents=True, exist_ok=True)
+        block = slides.exercise_block("06_backward", lang, items, phrases)
+        (folder / "06_backward.md").write_text(f"# Summary\n\n{block}\n\n<!-- notes -->\n")
+    monkeypatch.setattr(slides, "LANGS", folders)
+    return folders, items, phrases
+
+
+def test_the_generated_list(fake_decks):
+    _, items, phrases = fake_decks
+    assert slides.exercise_lines("06_backward", "en", items, phrases) == [
+        "**Notebooks and their exercises:**",
+        "- `10_backward`: the five formulas; Triton: the delta kernel"]
+    assert slides.exercise_lines("06_backward", "zh", items, phrases) == [
+        "**笔记本及其练习：**", "- `10_backward`：五个公式；Triton：delta 核函数"]
+    assert slides.exercise_problems(items=items, phrases=phrases) == []
+
+
+def test_an_exercise_added_to_the_catalogue_fails_the_check(fake_decks):
+    folders, items, phrases = fake_decks
+    more = {**items, **_fake_catalogue("new")}
+    problems = slides.exercise_problems(items=more, phrases=phrases)
+    assert problems == ["exercise 'new' has no slide phrase in en, zh: add it to "
+                        "course_lib/data/exercise_phrases.json"], problems
+    phrases = {**phrases, "new": FAKE_PHRASES["new"]}
+    problems = slides.exercise_problems(items=more, phrases=phrases)
+    assert len(problems) == 2 and all("differ from the catalogue: run python -m "
+                                      "course_lib.slides exercises --write" in p
+                                      for p in problems), problems
+    assert len(slides.write_exercises(items=more, phrases=phrases)) == 2
+    assert slides.exercise_problems(items=more, phrases=phrases) == []
+    assert "the five formulas, a new one; Triton" in (folders["en"] / "06_backward.md").read_text()
+
+
+def test_an_exercise_removed_from_the_catalogue_fails_the_check(fake_decks):
+    _, items, phrases = fake_decks
+    fewer = {n: e for n, e in items.items() if n != "five"}
+    problems = slides.exercise_problems(items=fewer, phrases=phrases)
+    assert problems == ["course_lib/data/exercise_phrases.json: 'five' is no exercise of the "
+                        "catalogue"], problems
+    phrases = {n: p for n, p in phrases.items() if n != "five"}
+    problems = slides.exercise_problems(items=fewer, phrases=phrases)
+    assert len(problems) == 2 and all("differ from the catalogue" in p for p in problems)
+
+
+def test_a_deck_needs_exactly_one_block(fake_decks):
+    folders, items, phrases = fake_decks
+    deck = folders["zh"] / "06_backward.md"
+    text = deck.read_text()
+    deck.write_text(text + "\n" + text)
+    deck_en = folders["en"] / "06_backward.md"
+    deck_en.write_text(deck_en.read_text().replace(slides.EXERCISES_END, ""))
+    problems = slides.exercise_problems(items=items, phrases=phrases)
+    assert [p.split(":")[0] for p in problems] == ["en/06_backward.md", "zh/06_backward.md"]
+    assert "0 marked exercise blocks" in problems[0] and "2 marked" in problems[1], problems
+    with pytest.raises(ValueError, match="0 marked exercise blocks"):
+        slides.write_exercises(items=items, phrases=phrases)
+
+
+def test_the_exercises_command(fake_decks, monkeypatch, capsys):
+    _, items, phrases = fake_decks
+    monkeypatch.setattr(slides, "_catalogue", lambda: {**items, **_fake_catalogue("new")})
+    monkeypatch.setattr(slides, "exercise_phrases",
+                        lambda: {**phrases, "new": FAKE_PHRASES["new"]})
+    assert slides.main(["exercises"]) == 1
+    assert "exercises --write" in capsys.readouterr().out
+    assert slides.main(["exercises", "--write"]) == 0
+    assert slides.main(["exercises"]) == 0
 
 
 @pytest.fixture(scope="module")

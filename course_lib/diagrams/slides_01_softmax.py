@@ -16,7 +16,7 @@ from course_lib.diagrams.slides_style import (
     C_MAX,
     C_NEW,
     C_OLD,
-        GREY,
+    GREY,
     LABEL_PT,
     MIN_PT,
     TITLE_PT,
@@ -104,7 +104,7 @@ def why_long_context():
     N = np.logspace(np.log10(1024), np.log10(1 << 20), 200)
     ax1.loglog(N, 2 * N**2 / 2**30, color=C_MAX, lw=3, label="one head's S: 2·N² bytes")
     ax1.axhline(80, color="0.3", ls="--", lw=1.5)
-    ax1.text(1100, 95, "one H100: 80 GiB", fontsize=MIN_PT, color="0.3")
+    ax1.text(1100, 80 * 1.6, "one H100: 80 GiB", fontsize=MIN_PT, color="0.3", va="bottom")
     ax1.plot([131072], [nums["s_bytes_128k"] / 2**30], "o", color=C_MAX, ms=9)
     ax1.annotate(f"128k tokens: {nums['s_bytes_128k'] / 2**30:.0f} GiB\nper head, per layer",
                  (131072, nums["s_bytes_128k"] / 2**30), xytext=(12, -48),
@@ -119,11 +119,11 @@ def why_long_context():
                label="weights (projections, MLP)")
     ax2.loglog(N, nums["attn_flops_per_key"] * N / 1e6, color=C_NEW, lw=3,
                label="attention over N keys: QKᵀ, PV")
-    ax2.axvline(nums["crossover_tokens"], color="0.3", ls=":", lw=1.5)
+    ax2.plot([nums["crossover_tokens"]] * 2, [4, 2e3], color="0.3", ls=":", lw=1.5)
     ax2.text(nums["crossover_tokens"] * 1.1, 12, f"equal at\n{nums['crossover_tokens'] / 1e3:.0f}k"
              " tokens", fontsize=MIN_PT)
     ax2.set(xlabel="context length N (tokens)", ylabel="MFLOP per token and layer",
-            title="time: N per token, N² per sequence")
+            title="time: N per token, N² per sequence", ylim=(4, 3e5))
     ax2.set_xticks(ticks, ["1k", "8k", "64k", "1M"])
     ax2.minorticks_off()
     style_axes(ax2)
@@ -159,8 +159,7 @@ def overflow():
                     err = np.abs(fn(xs).astype(np.float64) - ref).max()
                 errs.append(err if np.isfinite(err) else np.nan)
             errs = np.maximum(np.asarray(errs), bound)  # below: rounding (CPU-dependent bits)
-            ax.semilogy(top, errs, color=color, ls=ls, lw=3 if ls == "-" else 2.5,
-                        label=f"{label}, {np.dtype(dtype).name}")
+            ax.semilogy(top, errs, color=color, ls=ls, lw=3 if ls == "-" else 2.5)
             broken = np.isnan(errs)
             ax.plot(top[broken], np.full(broken.sum(), 3.0), "|", color=color, ms=14)
         ax.axhline(bound, color=color, ls=":", lw=1.2)
@@ -175,13 +174,25 @@ def overflow():
     ax.set(xlabel="largest logit of the row (the same row, shifted)", ylabel="max error",
            ylim=(1e-7, 10))
     style_axes(ax)
-    legend(ax, loc="center left", ncols=2)
+    # colour is the dtype (the labels of the dotted bounds say which), line style the algorithm
+    from matplotlib.lines import Line2D
+
+    legend(ax, handles=[Line2D([], [], color="0.2", lw=3, label="naive softmax"),
+                        Line2D([], [], color="0.2", lw=2.5, ls="--", label="safe softmax")],
+           loc="lower left", bbox_to_anchor=(0.15, 0), ncols=2, borderaxespad=0.1,
+           handlelength=1.6, columnspacing=1.2)
     return fig
 
 
 # ------------------------------------------------------------------------------------------
 # The online softmax, one step per slide
 # ------------------------------------------------------------------------------------------
+
+def _x(j: int) -> str:
+    """x_j with j as Unicode subscript digits (x₂, x₁₀): plain text, so that the Chinese twin,
+    drawn in a CJK font, shows it the same way (mathtext has no CJK glyphs)."""
+    return "x" + str(j).translate(str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉"))
+
 
 def _step(x, k: int, block_size: int = 1, width: float = 1160, height: float = 440):
     """Step ``k`` of the (blocked) online softmax of the row ``x``: left the row with m_old and
@@ -201,7 +212,8 @@ def _step(x, k: int, block_size: int = 1, width: float = 1160, height: float = 4
         ax1.axhline(st.m_old, color=C_OLD, ls="--", lw=2, label=f"m before: {st.m_old:.1f}")
     ax1.axhline(st.m_new, color=C_MAX, lw=3, label=f"m after: {st.m_new:.1f}")
     legend(ax1, loc="upper left", ncols=2, handlelength=1.5)
-    which = (f"x{st.lo} = {x[st.lo]:.1f}" if st.hi - st.lo == 1 else f"x{st.lo}…x{st.hi - 1}")
+    which = (f"{_x(st.lo)} = {x[st.lo]:.1f}" if st.hi - st.lo == 1
+             else f"{_x(st.lo)}…{_x(st.hi - 1)}")
     ax1.set(title=f"step {k + 1} of {len(steps)}: {which} enters", ylim=(-1.6, 6.4),
             xticks=j, xlabel="j")
     style_axes(ax1, grid=False)
@@ -225,7 +237,7 @@ def _step(x, k: int, block_size: int = 1, width: float = 1160, height: float = 4
             lines.append("dotted: the old terms before × α")
     ax2.text(0.02, 0.97, "\n".join(lines), transform=ax2.transAxes, ha="left", va="top",
              fontsize=LABEL_PT, color="black", linespacing=1.4)
-    ax2.set(title="terms e^(x_j − m); d is their sum", ylim=(0, 1.95), xticks=j, xlabel="j")
+    ax2.set(title="terms e^(xⱼ − m); d is their sum", ylim=(0, 1.95), xticks=j, xlabel="j")
     style_axes(ax2, grid=False)
     return fig
 

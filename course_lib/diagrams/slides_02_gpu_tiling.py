@@ -53,13 +53,26 @@ def roofline_points(gpu: str = "H100-SXM") -> list[tuple[str, float, float]]:
         ("matmul, each matrix once", matmul_flops(n, n, n), matmul_compulsory_bytes(n, n, n)),
         ("softmax of S", soft["flops"], soft["hbm_bytes"]),
         ("S = QKᵀ (writes S)", qk["flops"], qk["hbm_bytes"]),
-        ("fused attention, Q K V O once",
-         floor["flops"], floor["hbm_bytes"]),
+        ("fused attention,\nQ K V O once", floor["flops"], floor["hbm_bytes"]),
     ]
 
 
+#: Where each point's label sits: (offset in points, ha, va). Every label touches its point on
+#: the side away from the roof line: below-right of a point on the slope, above-left or
+#: below-right on the flat roof. The 128² matmul (63 FLOP/B) and S = QKᵀ (62 FLOP/B) share a
+#: spot: the matmul is the larger ring around the smaller one, labelled on the other side.
+ROOFLINE_LABELS = {
+    "matmul, naive": ((10, -8), "left", "top"),
+    "matmul, 128² tiles": ((-12, 8), "right", "bottom"),
+    "matmul, each matrix once": ((-10, 9), "right", "bottom"),
+    "softmax of S": ((10, -8), "left", "top"),
+    "S = QKᵀ (writes S)": ((12, -8), "left", "top"),
+    "fused attention,\nQ K V O once": ((8, -10), "left", "top"),
+}
+
+
 def roofline(gpu: str = "H100-SXM"):
-    """The H100's fp16 roofline with five operations on it, labelled where they sit."""
+    """The H100's fp16 roofline with six operations on it, each labelled beside its point."""
     from course_lib.hardware import get_gpu
 
     g = get_gpu(gpu)
@@ -67,28 +80,33 @@ def roofline(gpu: str = "H100-SXM"):
     ridge = g.ridge_point("fp16")
     fig = slide_figure(1160, 400)
     ax = fig.subplots()
-    x = np.logspace(-1, 4.3, 300)
+    x = np.logspace(-1, 4.6, 300)
     roof = np.minimum(peak, bw * x)
     ax.loglog(x, roof, color="black", lw=3)
     ax.axvspan(x[0], ridge, color=C_HBM, alpha=0.07)
-    ax.axvline(ridge, color="0.4", ls=":", lw=1.5)
+    ax.plot([ridge, ridge], [0.15, peak], color="0.4", ls=":", lw=1.5)  # up to the corner
     ax.text(ridge * 1.1, 0.55, f"ridge\n{ridge:.0f} FLOP/B", fontsize=MIN_PT, color="0.3")
     ax.text(0.13, 700, "memory-bound", fontsize=LABEL_PT, color=C_HBM, weight="bold")
     ax.text(ridge * 2.2, 2.5, "compute-bound", fontsize=LABEL_PT, color="0.2", weight="bold")
-    ax.text(19000, peak * 0.55, f"{peak:g} TFLOP/s", fontsize=MIN_PT, ha="right", va="top")
+    ax.text(x[-1] * 0.9, peak * 1.25, f"{peak:g} TFLOP/s", fontsize=MIN_PT, ha="right",
+            va="bottom")
     ax.text(0.2, bw * 0.2 * 1.9, f"{bw:g} TB/s", fontsize=MIN_PT, rotation=25)
-    offsets = {0: (14, -26), 1: (-215, 12), 2: (-150, -42), 3: (14, -26), 4: (14, -30),
-               5: (-60, 16)}
-    for k, (name, f, b) in enumerate(roofline_points(gpu)):
+    points = roofline_points(gpu)
+    for name, f, b in points:
         i = f / b
         y = min(peak, bw * i)
         color = C_OLD if name.startswith("matmul") else C_NEW
-        ax.plot([i], [y], "o", color=color, ms=12, mfc="white", mew=3, zorder=3)
+        # a ring around another point's ring: drawn larger and below it
+        shared = any(other != name and abs(f2 / b2 / i - 1) < 0.1 for other, f2, b2 in points)
+        big = shared and name.startswith("matmul")
+        ax.plot([i], [y], "o", color=color, ms=22 if big else 12, mfc="white", mew=3,
+                zorder=2 if big else 3)
         label = f"{name}: {i:.3g}" if i < 10 else f"{name}: {i:.0f}"
-        ax.annotate(label, (i, y), xytext=offsets[k], textcoords="offset points",
+        offset, ha, va = ROOFLINE_LABELS[name]
+        ax.annotate(label, (i, y), xytext=offset, textcoords="offset points", ha=ha, va=va,
                     fontsize=MIN_PT, color=color)
     ax.set(xlabel="arithmetic intensity (FLOP per byte of HBM traffic)",
-           ylabel="attainable TFLOP/s", ylim=(0.15, 4000), xlim=(x[0], x[-1]))
+           ylabel="attainable TFLOP/s", ylim=(0.15, 6000), xlim=(x[0], x[-1]))
     style_axes(ax)
     return fig
 
@@ -161,8 +179,8 @@ def tile_sweep(n: int = 4096, gpus=("L4", "A100-80GB", "H100-SXM"), max_tile: in
     ax.loglog(tiles, reads, "o-", color=C_HBM, lw=3, ms=8, label=f"global reads, {n}³ matmul")
     floor = 2 * n * n
     ax.axhline(floor, color="0.4", ls="--", lw=1.5)
-    ax.text(600, floor * 1.4, "floor: A and B read once", fontsize=MIN_PT, color="0.3",
-            ha="right")
+    ax.text(1, floor * 1.4, "floor: A and B read once", fontsize=MIN_PT, color="0.3",
+            ha="left")  # left: clear of the GPUs' vertical lines
     for idx, name in enumerate(gpus):
         g = get_gpu(name)
         cap = g.smem_per_block_bytes or g.smem_per_sm_bytes

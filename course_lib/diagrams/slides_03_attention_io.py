@@ -85,7 +85,7 @@ def hbm_measured(highlight: str | None = None):
         if r.get("predicted_gb") and r["predicted_gb"] != result["minimum_gb"]:
             ax.plot([r["predicted_gb"]] * 2, [yi - 0.4, yi + 0.4], color="black", lw=3)
     ax.axvline(result["minimum_gb"], color=C_HBM, ls="--", lw=2)
-    ax.text(result["minimum_gb"] * 1.05, -0.95, f"minimum {result['minimum_gb']:.3f} GB",
+    ax.text(result["minimum_gb"] * 1.05, -0.95, f"floor {result['minimum_gb']:.3f} GB",
             ha="left", va="center", fontsize=MIN_PT, color=C_HBM)
     ax.set_ylim(-1.4, len(rows) - 0.5)
     ax.set_yticks(y, [names[r["target"]] for r in rows], fontsize=LABEL_PT)

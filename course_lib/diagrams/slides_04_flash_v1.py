@@ -37,6 +37,10 @@ def _walk():
     return record_walk(**WALK)
 
 
+ELL = {"l": "ℓ"}
+"""The counter's names as the slides write them: ℓ, not a letter l that reads as 1 or I."""
+
+
 def tile_walk_step(t: int):
     """Step ``t`` of v1 on the causal walk problem: the score blocks (done: shaded, now: red,
     masked scores grey), Q, O, K, V blocks (coloured: in SRAM now), and the HBM counter."""
@@ -95,11 +99,13 @@ def tile_walk_step(t: int):
              "outer loop j: K/V blocks", "inner loop i: Q blocks", "",
              "HBM so far, elements:",
              "  read  " + ", ".join(f"{k} {n}" for k, n in reads.items() if k in "QKVO"),
-             "  read  " + ", ".join(f"{k} {n}" for k, n in reads.items() if k not in "QKVO"),
-             "  written " + ", ".join(f"{k} {n}" for k, n in hbm["writes"].items())]
+             "  read  " + ", ".join(f"{ELL.get(k, k)} {n}" for k, n in reads.items()
+                                    if k not in "QKVO"),
+             "  written " + ", ".join(f"{ELL.get(k, k)} {n}" for k, n in hbm["writes"].items())]
     ax_t.text(0, 1, "\n".join(lines), va="top", ha="left", fontsize=LABEL_PT, linespacing=1.45,
               transform=ax_t.transAxes)
-    ax_t.text(0, 0.02, "coloured: in SRAM now\ngrey: hidden by the causal mask",
+    ax_t.text(0, 0.02, "coloured: in SRAM now\npale blue: score blocks done\n"
+              "grey: hidden by the causal mask",
               va="bottom", ha="left", fontsize=MIN_PT, color="0.35", transform=ax_t.transAxes)
     return fig
 

@@ -669,7 +669,7 @@ def test_a_forward_call_shaped_like_an_earlier_one_skips_the_checks(monkeypatch)
         ops.flash_attn_v2(qt, k, v, causal=1, sm_scale=0.3)  # 1 == True, but not a bool
     with pytest.raises(ValueError, match="impl"):
         ops.flash_attn_v2(qt, k, v, causal=True, impl=["portable"])  # unhashable, and no impl
-    store = torch.empty(k.numel() + 1, dtype=k.dtype)
+    store = torch.empty(k.numel() + 1, dtype=k.dtype, device=k.device)
     ops.flash_attn_v2(qt, store[1:].view(k.shape).copy_(k), v, causal=True, sm_scale=0.3)
     o, lse = ops.flash_attn_v2(qt, k, v, causal=True, sm_scale=0.3, return_lse=True)
     assert lse.shape == (2, 4, 7)

@@ -13,11 +13,7 @@ two lines changed (``kernel_variant``): each differs in exactly the lines a stud
 """
 from __future__ import annotations
 
-import inspect
-import itertools
-import linecache
 import math
-import textwrap
 
 import torch
 import triton
@@ -34,7 +30,7 @@ from course_lib.exercises import (
     poisoned,
     register,
 )
-from course_lib.exercises.sandbox import python_function
+from course_lib.exercises.sandbox import kernel_variant
 from course_lib.reference import attention
 
 LOG2E = 1.0 / math.log(2.0)
@@ -45,29 +41,6 @@ EXACT_DOTS = {"default_dot_input_precision": "ieee"}
 #: Against float64: an fp32 kernel is within 1e-5; on a GPU whose Triton makes fp32 tl.dot TF32
 #: (10-bit mantissa), the compiled pass is off by up to about 1e-2, hence the looser bound there
 TOL = dict(rtol=1e-4, atol=1e-5) if DEVICE == "cpu" else dict(rtol=3e-2, atol=3e-2)
-
-_VARIANTS = itertools.count()
-
-
-def kernel_variant(kernel, *edits):
-    """``kernel`` with text replaced, as a new ``@triton.jit`` kernel: a registered wrong answer.
-
-    ``edits``: (old, new) pairs, each ``old`` found exactly once in the kernel's source. The new
-    source is kept in ``linecache`` (as Jupyter does for cells), so that Triton, the
-    interpreter and the sandbox's line numbers can read it like any other kernel's.
-    """
-    fn = python_function(kernel)
-    src = textwrap.dedent(inspect.getsource(fn))
-    for old, new in edits:
-        if src.count(old) != 1:
-            raise ValueError(f"{fn.__name__}: {old!r} occurs {src.count(old)} times, not once")
-        src = src.replace(old, new)
-    filename = f"<wrong answer {next(_VARIANTS)}: {fn.__name__}>"
-    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
-    namespace: dict = {}
-    exec(compile(src, filename, "exec"), fn.__globals__, namespace)
-    return namespace[fn.__name__]
-
 
 # =============================================================================================
 # 08 (1): the online-softmax step, in PyTorch

@@ -48,6 +48,7 @@ from course_lib.exercises import (
     poisoned,
     register,
 )
+from course_lib.exercises.sandbox import kernel_variant
 from course_lib.hardware import GPUS
 from course_lib.iomodel.matmul import CountingMatrix, Traffic, matmul_global_reads
 from course_lib.kernels.matmul import program_tile
@@ -642,168 +643,25 @@ def _matmul_solution(a_ptr, b_ptr, c_ptr, M, N, K,
     tl.store(c_ptrs, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-@triton.jit
-def _matmul_store_unmasked(a_ptr, b_ptr, c_ptr, M, N, K,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    pid_n = tl.program_id(axis=1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None] * K + offs_k[None, :]
-    b_ptrs = b_ptr + offs_k[:, None] * N + offs_n[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        a_mask = (offs_m[:, None] < M) & (k0 + offs_k[None, :] < K)
-        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-        b_mask = (k0 + offs_k[:, None] < K) & (offs_n[None, :] < N)
-        b = tl.load(b_ptrs, mask=b_mask, other=0.0)
-        acc = tl.dot(a, b, acc)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K * N
-    c_ptrs = c_ptr + offs_m[:, None] * N + offs_n[None, :]
-    tl.store(c_ptrs, acc)
-
-
-@triton.jit
-def _matmul_b_mask_k_only(a_ptr, b_ptr, c_ptr, M, N, K,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    pid_n = tl.program_id(axis=1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None] * K + offs_k[None, :]
-    b_ptrs = b_ptr + offs_k[:, None] * N + offs_n[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        a_mask = (offs_m[:, None] < M) & (k0 + offs_k[None, :] < K)
-        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-        b_mask = k0 + offs_k[:, None] < K
-        b = tl.load(b_ptrs, mask=b_mask, other=0.0)
-        acc = tl.dot(a, b, acc)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K * N
-    c_ptrs = c_ptr + offs_m[:, None] * N + offs_n[None, :]
-    tl.store(c_ptrs, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-
-
-@triton.jit
-def _matmul_b_mask_without_k0(a_ptr, b_ptr, c_ptr, M, N, K,
-                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                              BLOCK_K: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    pid_n = tl.program_id(axis=1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None] * K + offs_k[None, :]
-    b_ptrs = b_ptr + offs_k[:, None] * N + offs_n[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        a_mask = (offs_m[:, None] < M) & (k0 + offs_k[None, :] < K)
-        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-        b_mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
-        b = tl.load(b_ptrs, mask=b_mask, other=0.0)
-        acc = tl.dot(a, b, acc)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K * N
-    c_ptrs = c_ptr + offs_m[:, None] * N + offs_n[None, :]
-    tl.store(c_ptrs, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-
-
-@triton.jit
-def _matmul_acc_overwritten(a_ptr, b_ptr, c_ptr, M, N, K,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    pid_n = tl.program_id(axis=1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None] * K + offs_k[None, :]
-    b_ptrs = b_ptr + offs_k[:, None] * N + offs_n[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        a_mask = (offs_m[:, None] < M) & (k0 + offs_k[None, :] < K)
-        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-        b_mask = (k0 + offs_k[:, None] < K) & (offs_n[None, :] < N)
-        b = tl.load(b_ptrs, mask=b_mask, other=0.0)
-        acc = tl.dot(a, b)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K * N
-    c_ptrs = c_ptr + offs_m[:, None] * N + offs_n[None, :]
-    tl.store(c_ptrs, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-
-
-@triton.jit
-def _matmul_b_advanced_along_n(a_ptr, b_ptr, c_ptr, M, N, K,
-                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_K: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    pid_n = tl.program_id(axis=1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None] * K + offs_k[None, :]
-    b_ptrs = b_ptr + offs_k[:, None] * N + offs_n[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        a_mask = (offs_m[:, None] < M) & (k0 + offs_k[None, :] < K)
-        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-        b_mask = (k0 + offs_k[:, None] < K) & (offs_n[None, :] < N)
-        b = tl.load(b_ptrs, mask=b_mask, other=0.0)
-        acc = tl.dot(a, b, acc)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
-    c_ptrs = c_ptr + offs_m[:, None] * N + offs_n[None, :]
-    tl.store(c_ptrs, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-
-
-@triton.jit
-def _matmul_b_rows_k_long(a_ptr, b_ptr, c_ptr, M, N, K,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    pid_n = tl.program_id(axis=1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None] * K + offs_k[None, :]
-    b_ptrs = b_ptr + offs_k[:, None] * K + offs_n[None, :]   # A's row length, copied to B
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        a_mask = (offs_m[:, None] < M) & (k0 + offs_k[None, :] < K)
-        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-        b_mask = (k0 + offs_k[:, None] < K) & (offs_n[None, :] < N)
-        b = tl.load(b_ptrs, mask=b_mask, other=0.0)
-        acc = tl.dot(a, b, acc)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K * K
-    c_ptrs = c_ptr + offs_m[:, None] * N + offs_n[None, :]
-    tl.store(c_ptrs, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-
-
-@triton.jit
-def _matmul_b_block_transposed(a_ptr, b_ptr, c_ptr, M, N, K,
-                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_K: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    pid_n = tl.program_id(axis=1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None] * K + offs_k[None, :]
-    b_ptrs = b_ptr + offs_k[None, :] * N + offs_n[:, None]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        a_mask = (offs_m[:, None] < M) & (k0 + offs_k[None, :] < K)
-        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-        b_mask = (k0 + offs_k[None, :] < K) & (offs_n[:, None] < N)
-        b = tl.load(b_ptrs, mask=b_mask, other=0.0)
-        acc = tl.dot(a, b, acc)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K * N
-    c_ptrs = c_ptr + offs_m[:, None] * N + offs_n[None, :]
-    tl.store(c_ptrs, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+# Each registered wrong answer is the reference with one slip (``kernel_variant``).
+_B_PTRS = "b_ptrs = b_ptr + offs_k[:, None] * N + offs_n[None, :]"
+_B_MASK = "b_mask = (k0 + offs_k[:, None] < K) & (offs_n[None, :] < N)"
+_B_STEP = "b_ptrs += BLOCK_K * N"
+_matmul_store_unmasked = kernel_variant(
+    _matmul_solution, ("acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))", "acc)"))
+_matmul_b_mask_k_only = kernel_variant(
+    _matmul_solution, (_B_MASK, "b_mask = k0 + offs_k[:, None] < K"))
+_matmul_b_mask_without_k0 = kernel_variant(
+    _matmul_solution, (_B_MASK, "b_mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)"))
+_matmul_acc_overwritten = kernel_variant(
+    _matmul_solution, ("acc = tl.dot(a, b, acc)", "acc = tl.dot(a, b)"))
+_matmul_b_advanced_along_n = kernel_variant(_matmul_solution, (_B_STEP, "b_ptrs += BLOCK_K"))
+_matmul_b_rows_k_long = kernel_variant(  # A's row length, copied to B
+    _matmul_solution, (_B_PTRS, "b_ptrs = b_ptr + offs_k[:, None] * K + offs_n[None, :]"),
+    (_B_STEP, "b_ptrs += BLOCK_K * K"))
+_matmul_b_block_transposed = kernel_variant(
+    _matmul_solution, (_B_PTRS, "b_ptrs = b_ptr + offs_k[None, :] * N + offs_n[:, None]"),
+    (_B_MASK, "b_mask = (k0 + offs_k[None, :] < K) & (offs_n[:, None] < N)"))
 
 
 def _matmul_in_torch(a, b):
@@ -927,19 +785,6 @@ def _grouped_solution(pid_m_ptr, pid_n_ptr, num_pid_m, num_pid_n, GROUP_M: tl.co
 
 
 @triton.jit
-def _grouped_full_last_band(pid_m_ptr, pid_n_ptr, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    pid = tl.program_id(axis=0)
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = GROUP_M
-    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
-    pid_n = (pid % num_pid_in_group) // group_size_m
-    tl.store(pid_m_ptr + pid, pid_m)
-    tl.store(pid_n_ptr + pid, pid_n)
-
-
-@triton.jit
 def _grouped_row_major(pid_m_ptr, pid_n_ptr, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     pid = tl.program_id(axis=0)
     pid_m = pid // num_pid_n
@@ -948,44 +793,19 @@ def _grouped_row_major(pid_m_ptr, pid_n_ptr, num_pid_m, num_pid_n, GROUP_M: tl.c
     tl.store(pid_n_ptr + pid, pid_n)
 
 
-@triton.jit
-def _grouped_no_first_row(pid_m_ptr, pid_n_ptr, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    pid = tl.program_id(axis=0)
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = (pid % num_pid_in_group) % group_size_m
-    pid_n = (pid % num_pid_in_group) // group_size_m
-    tl.store(pid_m_ptr + pid, pid_m)
-    tl.store(pid_n_ptr + pid, pid_n)
-
-
-@triton.jit
-def _grouped_pid_n_not_in_band(pid_m_ptr, pid_n_ptr, num_pid_m, num_pid_n,
-                               GROUP_M: tl.constexpr):
-    pid = tl.program_id(axis=0)
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m
-    pid_n = pid // group_size_m
-    tl.store(pid_m_ptr + pid, pid_m)
-    tl.store(pid_n_ptr + pid, pid_n)
-
-
-@triton.jit
-def _grouped_across_first(pid_m_ptr, pid_n_ptr, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    pid = tl.program_id(axis=0)
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + (pid % num_pid_in_group) // num_pid_n
-    pid_n = (pid % num_pid_in_group) % num_pid_n
-    tl.store(pid_m_ptr + pid, pid_m)
-    tl.store(pid_n_ptr + pid, pid_n)
+_PID_M = "pid_m = first_pid_m + (pid % num_pid_in_group) % group_size_m"
+_grouped_full_last_band = kernel_variant(
+    _grouped_solution, ("group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)",
+                        "group_size_m = GROUP_M"))
+_grouped_no_first_row = kernel_variant(
+    _grouped_solution, (_PID_M, "pid_m = (pid % num_pid_in_group) % group_size_m"))
+_grouped_pid_n_not_in_band = kernel_variant(
+    _grouped_solution, ("pid_n = (pid % num_pid_in_group) // group_size_m",
+                        "pid_n = pid // group_size_m"))
+_grouped_across_first = kernel_variant(
+    _grouped_solution, (_PID_M, "pid_m = first_pid_m + (pid % num_pid_in_group) // num_pid_n"),
+    ("pid_n = (pid % num_pid_in_group) // group_size_m",
+     "pid_n = (pid % num_pid_in_group) % num_pid_n"))
 
 
 # --- the checker -------------------------------------------------------------------------------

@@ -35,7 +35,10 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
+import linecache
 import re
+import textwrap
 import warnings
 
 import numpy as np
@@ -67,6 +70,29 @@ def python_function(kernel):
 def source(kernel) -> str:
     """The kernel's source text (from its cell or file)."""
     return inspect.getsource(python_function(kernel))
+
+
+_VARIANTS = itertools.count()
+
+
+def kernel_variant(kernel, *edits):
+    """``kernel`` with text replaced, as a new ``@triton.jit`` kernel: a registered wrong answer.
+
+    ``edits``: (old, new) pairs, each ``old`` found exactly once in the kernel's source. The new
+    source is kept in ``linecache`` (as Jupyter does for cells), so that Triton, the
+    interpreter and the sandbox's line numbers can read it like any other kernel's.
+    """
+    fn = python_function(kernel)
+    src = textwrap.dedent(inspect.getsource(fn))
+    for old, new in edits:
+        if src.count(old) != 1:
+            raise ValueError(f"{fn.__name__}: {old!r} occurs {src.count(old)} times, not once")
+        src = src.replace(old, new)
+    filename = f"<wrong answer {next(_VARIANTS)}: {fn.__name__}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    namespace: dict = {}
+    exec(compile(src, filename, "exec"), fn.__globals__, namespace)
+    return namespace[fn.__name__]
 
 
 _BLANK = re.compile(r"^\s*(?:[\w\[\], .]+=\s*)?\.\.\.\s*(?:#.*)?$", re.M)

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from course_lib.exercises import Exercise, Mistake, check_kernel, poisoned, register
+from course_lib.exercises.sandbox import kernel_variant
 
 BLOCK_M, BLOCK_N = 16, 32
 
@@ -46,71 +47,21 @@ def _bias_rows_solution(x_ptr, b_ptr, z_ptr, M, N, BLOCK_M: tl.constexpr,
     tl.store(z_ptr + offsets, x + b[None, :], mask=mask)
 
 
-@triton.jit
-def _rows_mask_only(x_ptr, b_ptr, z_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    pid_n = tl.program_id(axis=1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offsets = rows[:, None] * N + cols[None, :]
-    mask = (rows[:, None] < M) & (cols[None, :] < BLOCK_N * 1000)
-    x = tl.load(x_ptr + offsets, mask=mask)
-    b = tl.load(b_ptr + cols, mask=cols < N)
-    tl.store(z_ptr + offsets, x + b[None, :], mask=mask)
-
-
-@triton.jit
-def _block_as_row_length(x_ptr, b_ptr, z_ptr, M, N, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    pid_n = tl.program_id(axis=1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offsets = rows[:, None] * BLOCK_N + cols[None, :]
-    mask = (rows[:, None] < M) & (cols[None, :] < N)
-    x = tl.load(x_ptr + offsets, mask=mask)
-    b = tl.load(b_ptr + cols, mask=cols < N)
-    tl.store(z_ptr + offsets, x + b[None, :], mask=mask)
-
-
-@triton.jit
-def _rows_as_row_length(x_ptr, b_ptr, z_ptr, M, N, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    pid_n = tl.program_id(axis=1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offsets = rows[:, None] * M + cols[None, :]      # M: the number of rows, not their length
-    mask = (rows[:, None] < M) & (cols[None, :] < N)
-    x = tl.load(x_ptr + offsets, mask=mask)
-    b = tl.load(b_ptr + cols, mask=cols < N)
-    tl.store(z_ptr + offsets, x + b[None, :], mask=mask)
-
-
-@triton.jit
-def _bias_by_row(x_ptr, b_ptr, z_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    pid_n = tl.program_id(axis=1)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offsets = rows[:, None] * N + cols[None, :]
-    mask = (rows[:, None] < M) & (cols[None, :] < N)
-    x = tl.load(x_ptr + offsets, mask=mask)
-    b = tl.load(b_ptr + rows, mask=rows < N, other=0.0)
-    tl.store(z_ptr + offsets, x + b[:, None], mask=mask)
-
-
-@triton.jit
-def _no_pid_n(x_ptr, b_ptr, z_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    pid_n = tl.program_id(axis=1)  # noqa: F841 (the mistake: never used)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
-    offsets = rows[:, None] * N + cols[None, :]
-    mask = (rows[:, None] < M) & (cols[None, :] < N)
-    x = tl.load(x_ptr + offsets, mask=mask)
-    b = tl.load(b_ptr + cols, mask=cols < N)
-    tl.store(z_ptr + offsets, x + b[None, :], mask=mask)
+# Each registered wrong answer is the reference with one slip (``kernel_variant``).
+_OFFSETS = "offsets = rows[:, None] * N + cols[None, :]"
+_rows_mask_only = kernel_variant(
+    _bias_rows_solution, ("(cols[None, :] < N)", "(cols[None, :] < BLOCK_N * 1000)"))
+_block_as_row_length = kernel_variant(
+    _bias_rows_solution, (_OFFSETS, "offsets = rows[:, None] * BLOCK_N + cols[None, :]"))
+_rows_as_row_length = kernel_variant(  # M: the number of rows, not their length
+    _bias_rows_solution, (_OFFSETS, "offsets = rows[:, None] * M + cols[None, :]"))
+_bias_by_row = kernel_variant(
+    _bias_rows_solution, ("b = tl.load(b_ptr + cols, mask=cols < N)",
+                          "b = tl.load(b_ptr + rows, mask=rows < N, other=0.0)"),
+    ("x + b[None, :]", "x + b[:, None]"))
+_no_pid_n = kernel_variant(
+    _bias_rows_solution, ("cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
+                          "cols = tl.arange(0, BLOCK_N)"))
 
 
 def _in_torch(x, b):

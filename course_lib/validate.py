@@ -5,6 +5,8 @@ A wrapper calls these before it allocates or launches anything, so bad input get
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from course_lib._device import DEVICE, refuse_bf16_in_interpreter
@@ -108,10 +110,28 @@ def check_block_table(block_table, cache_seqlens, num_blocks, block_size, capaci
                          f"uses that block")
 
 
-def check_variants(q, causal, window_size, softcap, alibi_slopes, sinks) -> tuple:
-    """The variants' arguments of an attention call on q (B, H, N_q, D), checked: returns
-    (window, softcap) with the window normalised (``course_lib.masks``: causal is right = 0) and
-    softcap a float (0.0: off). Shapes, dtypes and devices only: no value is read back."""
+class Variant(NamedTuple):
+    """The variants of one attention call (lesson 15), checked: what every kernel that serves
+    them takes, from the checks to the launch. ``window`` (left, right), −1 for an unbounded
+    side (causal is right = 0, ``course_lib.masks``); ``softcap`` a float, 0.0 for none;
+    ``alibi_slopes`` (H,) or (B, H) and ``sinks`` (H,) fp32 tensors, or None."""
+
+    window: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+    alibi_slopes: torch.Tensor | None = None
+    sinks: torch.Tensor | None = None
+
+    @property
+    def dense(self) -> bool:
+        """Whether the scores are plain ones (no softcap, ALiBi or sinks): a window then only
+        limits which keys a row sees."""
+        return self.softcap == 0.0 and self.alibi_slopes is None and self.sinks is None
+
+
+def check_variants(q, causal, window_size, softcap, alibi_slopes, sinks) -> Variant:
+    """The variants' arguments of an attention call on q (B, H, N_q, D), checked: a ``Variant``
+    with the window normalised (``course_lib.masks``: causal is right = 0) and softcap a float
+    (0.0: off). Shapes, dtypes and devices only: no value is read back."""
     from course_lib.masks import normalize_window
 
     if not isinstance(causal, bool):
@@ -137,7 +157,7 @@ def check_variants(q, causal, window_size, softcap, alibi_slopes, sinks) -> tupl
                              f"got {tuple(t.shape)}")
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-    return window, softcap
+    return Variant(window, softcap, alibi_slopes, sinks)
 
 
 def check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

@@ -57,7 +57,7 @@ def _poison_kernel_outputs(monkeypatch):
     """Make every buffer the wrappers allocate (partials, output, lse) start as NaN."""
     real_empty = dec._empty
     monkeypatch.setattr(dec, "_empty", lambda *a, **kw: poison_(real_empty(*a, **kw)))
-    monkeypatch.setattr(opd, "_PLANS", type(opd._PLANS)())  # no reused split buffers
+    opd.forget_plans()  # no reused split buffers
 
 
 def _check(o, lse, q, k, v, lens, name):
@@ -82,16 +82,19 @@ def test_flash_decode_matches_reference(case, dtype, monkeypatch):
 def test_a_growing_cache_keeps_its_plan(monkeypatch):
     """transformers' DynamicCache grows by one token per step: one plan serves a range of
     lengths (the kernel is told the true one), and every step still matches the reference."""
-    opd._PLANS.clear()
     B, H, H_kv, D = 1, 4, 2, 32
     k_all, v_all = fresh_randn(B, H_kv, 150, D), fresh_randn(B, H_kv, 150, D)
     _poison_kernel_outputs(monkeypatch)
+    allocated = []
+    poisoned_empty = dec._empty
+    monkeypatch.setattr(dec, "_empty", lambda shape, **kw: allocated.append(tuple(shape))
+                        or poisoned_empty(shape, **kw))
     for n in (129, 130, 141, 149):  # one bucket: up to 192 keys
         q = fresh_randn(B, H, 1, D)
         k, v = k_all[:, :, :n].contiguous(), v_all[:, :, :n].contiguous()
-        o, lse = flash_decode(q, k, v, return_lse=True)
+        o, lse = flash_decode(q, k, v, num_splits=2, return_lse=True)
         _check(o, lse, q, k, v, None, f"{n} keys")
-    assert len(opd._PLANS) == 1
+    assert allocated.count((B, H, 1, 2, D)) == 1, "a plan's split buffers were made again"
     assert [opd._length_bucket(n) for n in (1, 64, 65, 2048, 2049, 2304, 2305)] == [
         64, 64, 128, 2048, 2304, 2304, 2560]
 
@@ -119,7 +122,6 @@ def test_an_lse_not_returned_goes_to_the_plans_buffer(monkeypatch):
             assert allocated == [(B, H, 1, D), (B, H, 1)]
             _check(o2, lse, q, k, v, None, f"{num_splits} splits")
             assert torch.equal(o, o2)
-            assert lse.data_ptr() != opd._PLANS[next(reversed(opd._PLANS))].lse_scratch.data_ptr()
 
 
 @pytest.mark.parametrize("block_size", [16, 5])
@@ -531,21 +533,18 @@ def test_variants_read_nothing_back_from_the_device(monkeypatch):
     assert Count.reads == 0
 
 
-def test_variant_calls_repeat_their_bound_launch(monkeypatch):
-    """flash_decode's repeat with the variants (a stand-in for the bound split kernel records
-    the launches): the sinks' address is a free argument after the cache's geometry, so a
-    layer with sinks of its own reuses the plan's bound launch instead of binding anew, and a
-    call shaped like an earlier one (its sinks included) makes no checks."""
+def test_variant_calls_repeat_their_plans_bound_launch(monkeypatch, request):
+    """flash_decode with the variants (a stand-in for the bound split kernel records the
+    launches): the sinks' address is a free argument after the cache's geometry, so a layer
+    with sinks of its own reuses the plan's bound launch instead of binding anew; another
+    window is another plan."""
     from course_lib.kernels import decode as kd
 
     launched, bound = [], []
     monkeypatch.setattr(kd, "run_plan", lambda *a, **kw: bound.append(kw) or [
         lambda *p: launched.append(p)])
-    monkeypatch.setattr(opd, "_PLANS", type(opd._PLANS)())
-    monkeypatch.setattr(opd, "_REPEATS", {})
-    checks = []
-    real_check = opd._variants
-    monkeypatch.setattr(opd, "_variants", lambda *a: checks.append(1) or real_check(*a))
+    opd.forget_plans()
+    request.addfinalizer(opd.forget_plans)  # the stand-in's launches must not outlive the test
     B, H, H_kv, D, N = 1, 4, 2, 16, 40
     q, k, v = fresh_randn(B, H, 1, D), fresh_randn(B, H_kv, N, D), fresh_randn(B, H_kv, N, D)
     sinks = [fresh_randn(H), fresh_randn(H)]  # two layers
@@ -553,11 +552,10 @@ def test_variant_calls_repeat_their_bound_launch(monkeypatch):
         flash_decode(q, k, v, window_size=(8, 0), sinks=sinks[layer])
     assert len(bound) == 1 and bound[0]["sinks"] is sinks[0], "the second layer bound anew"
     assert launched[-1][-2:] == (sinks[1].data_ptr(), sinks[1].data_ptr())
-    assert len(checks) == 2 and len(opd._REPEATS) == 2
-    flash_decode(q, k, v, window_size=(8, 0), sinks=sinks[0])  # repeated: no checks
-    assert len(checks) == 2 and launched[-1][-2:] == (sinks[0].data_ptr(),) * 2
+    flash_decode(q, k, v, window_size=(8, 0), sinks=sinks[0])
+    assert len(bound) == 1 and launched[-1][-2:] == (sinks[0].data_ptr(),) * 2
     flash_decode(q, k, v, window_size=(9, 0), sinks=sinks[0])  # another window: another plan
-    assert len(checks) == 3 and len(bound) == 2 and len(opd._PLANS) == 2
+    assert len(bound) == 2
     with pytest.raises(TypeError, match="window_size"):
         flash_decode(q, k, v, window_size=(8.0, 0), sinks=sinks[0])  # 8.0 == 8: still checked
 
@@ -780,21 +778,21 @@ def test_flash_decode_default_refuses_a_length_outside_the_cache_on_the_cpu(bad_
 
 
 @cpu_only
-def test_a_repeated_call_still_checks_the_lengths_on_the_cpu(monkeypatch):
-    """A call shaped like an earlier one repeats its bound launch (``_Repeat``; a stand-in for
-    the bound split kernel records the launches, as the interpreter binds none): on the CPU
-    the repeat checks the lengths' values first, unless validate=False."""
+def test_a_repeated_call_still_checks_the_lengths_on_the_cpu(monkeypatch, request):
+    """A call shaped like an earlier one repeats its plan's bound launch (a stand-in for the
+    bound split kernel records the launches, as the interpreter binds none): on the CPU the
+    lengths' values are checked first, unless validate=False."""
     from course_lib.kernels import decode as kd
 
     launched, bound = [], []
     monkeypatch.setattr(kd, "run_plan", lambda *a, **kw: bound.append(kw) or [
         lambda *p: launched.append(p)])
-    monkeypatch.setattr(opd, "_PLANS", type(opd._PLANS)())
-    monkeypatch.setattr(opd, "_REPEATS", {})
+    opd.forget_plans()
+    request.addfinalizer(opd.forget_plans)  # the stand-in's launches must not outlive the test
     q, k, v, lens = _small()
     flash_decode(q, k, v, lens)
     flash_decode(q, k, v, lens.clone())
-    assert len(bound) == 1 and len(launched) == 1 and opd._REPEATS, "no repeat was kept"
+    assert len(bound) == 1 and len(launched) == 1, "the plan's bound launch was not repeated"
     bad = lens.clone()
     bad[0] = 33
     with pytest.raises(ValueError, match=r"cache_seqlens must lie in \[0, 32\]"):
@@ -995,7 +993,7 @@ def test_split_bounds_is_the_kernels_partition(monkeypatch):
         return t
 
     monkeypatch.setattr(dec, "_empty", keep)
-    monkeypatch.setattr(opd, "_PLANS", type(opd._PLANS)())  # a new plan: its buffers are seen
+    opd.forget_plans()  # a new plan: its buffers are seen
     flash_decode(q, k, v, lens, num_splits=3)
     got = lse_parts["t"][0, :, 0].cpu()  # (H, splits)
     s = torch.einsum("hd,hnd->hn", q[0, :, 0].float(), k[0].float()) * 32 ** -0.5  # (H, N)

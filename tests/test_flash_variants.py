@@ -19,6 +19,7 @@ from course_lib.testing import (
     poison_,
     variants_same_precision,
 )
+from course_lib.validate import Variant
 
 SHAPES = [  # B, H, H_kv, N_q, N_k, D
     (1, 2, 2, 1, 1, 32),
@@ -65,8 +66,8 @@ def _run(q, k, v, name, sm_scale=None, impl="portable"):
     causal, window, softcap, slopes, sink = _extras(name, B, H, q.device)
     sm_scale = D ** -0.5 if sm_scale is None else sm_scale
     out = (poison_(torch.empty_like(q)), poison_(torch.empty(B, H, N_q, device=q.device)))
-    o, lse = FORWARDS[impl](q, k, v, sm_scale, masks.normalize_window(window, causal),
-                            softcap, slopes, sink, out=out)
+    variant = Variant(masks.normalize_window(window, causal), softcap, slopes, sink)
+    o, lse = FORWARDS[impl](q, k, v, sm_scale, variant, out=out)
     kw = dict(causal=causal, sm_scale=sm_scale, window_size=window, softcap=softcap,
               alibi_slopes=slopes, sinks=sink)
     ref_o, ref_lse = attention_variants(q, k, v, return_lse=True, **kw)
@@ -108,7 +109,7 @@ def test_every_combination_of_the_variants(causal, window, impl):
     sinks = torch.randn(H, generator=g).to(q.device)
     for softcap, alibi, sink in itertools.product((0.0, 2.5), (None, slopes), (None, sinks)):
         w = masks.normalize_window(window, causal)
-        o, lse = FORWARDS[impl](q, k, v, 0.2, w, softcap, alibi, sink)
+        o, lse = FORWARDS[impl](q, k, v, 0.2, Variant(w, softcap, alibi, sink))
         kw = dict(causal=causal, sm_scale=0.2, window_size=window, softcap=softcap,
                   alibi_slopes=alibi, sinks=sink)
         ref_o, ref_lse = attention_variants(*(t.double() for t in (q, k, v)), return_lse=True,
@@ -133,7 +134,7 @@ def test_a_window_skips_the_blocks_outside_the_band(impl):
     # 128-row ones) see keys from 374 on: the key blocks of 0..255 are outside their band
     k2, v2 = k.clone(), v.clone()
     k2[:, :, :256], v2[:, :, :256] = float("nan"), float("nan")
-    o, _ = FORWARDS[impl](q, k2, v2, D ** -0.5, window, 0.0)
+    o, _ = FORWARDS[impl](q, k2, v2, D ** -0.5, Variant(window))
     torch.testing.assert_close(o[:, :, 384:], o_ref[:, :, 384:], atol=1e-5, rtol=1e-5)
 
 
@@ -150,7 +151,7 @@ def test_auto_takes_the_tma_kernel_only_for_measured_head_dims(monkeypatch):
                             lambda q, *rest, impl=impl, **kw: ran.append((impl, q.shape[-1])))
     for D in (64, 128, 256):
         q = torch.empty(1, 1, 4, D)
-        ov._forward(q, q, q, 0.1, (8, 0), 0.0, None, None, "auto")
+        ov._forward(q, q, q, 0.1, Variant((8, 0)), "auto")
     assert MEASURED_HEAD_DIMS == (128,)
     assert ran == [("portable", 64), ("hopper", 128), ("portable", 256)]
 
@@ -164,7 +165,7 @@ def test_the_pinned_max_runs_again_when_a_later_score_overflows(window):
     q, k, v = (fresh_randn(B, H, N, D, dtype=torch.float16) for _ in range(3))
     # keys 0..39 score about 4·30/8 = 15 (natural) above the rest: P up to 2^21 > fp16's 65504
     q[..., 0], k[:, :, :40, 0] = 4.0, 30.0
-    o, lse = forward_variants_hopper(q, k, v, D ** -0.5, window, 0.0)
+    o, lse = forward_variants_hopper(q, k, v, D ** -0.5, Variant(window))
     ref_o, ref_lse = attention_variants(q, k, v, sm_scale=D ** -0.5, window_size=window,
                                         return_lse=True)
     same = variants_same_precision(q, k, v, sm_scale=D ** -0.5, window_size=window)
@@ -189,8 +190,8 @@ def test_varlen_packed_sequences_match_the_reference(name):
     causal, window, softcap, slopes, sink = _extras(name, len(lens_q), H, dev)
     w = masks.normalize_window(window, causal)
     out = (poison_(torch.empty_like(q)), poison_(torch.empty(H, sum(lens_q), device=dev)))
-    o, lse = forward_variants_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), 0.25, w,
-                                     softcap, slopes, sink, out=out)
+    o, lse = forward_variants_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), 0.25,
+                                     Variant(w, softcap, slopes, sink), out=out)
     ref_o, ref_lse = attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal,
                                       0.25, return_lse=True, window_size=window, softcap=softcap,
                                       alibi_slopes=slopes, sinks=sink)

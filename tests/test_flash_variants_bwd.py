@@ -17,6 +17,7 @@ from course_lib.kernels.flash_variants_bwd import _band_rows, backward_variants_
 from course_lib.ops import flash_attn_v2, flash_attn_varlen
 from course_lib.reference import attention_variants, attention_varlen
 from course_lib.testing import KERNEL_DTYPES, assert_close_2x, fresh_randn
+from course_lib.validate import Variant
 
 SHAPES = [  # B, H, H_kv, N_q, N_k, D
     (1, 4, 2, 37, 37, 64),
@@ -316,13 +317,13 @@ def test_the_varlen_backward_reads_and_writes_the_packed_layout(views, monkeypat
     sinks = (torch.randn(H, generator=g) * 2).to(q.device)
     window, softcap, sm_scale = (20, 0), 4.0, 0.25
     args = (cu_q, cu_k, max(lens_q), max(lens_k))
-    o, lse = forward_variants_varlen(q, k, v, *args, sm_scale, window, softcap, slopes, sinks)
+    variant = Variant(window, softcap, slopes, sinks)
+    o, lse = forward_variants_varlen(q, k, v, *args, sm_scale, variant)
     spies = {name: _Spy(getattr(flash_variants_bwd, name)) for name in (
         "_bwd_preprocess_kernel", "_bwd_dkdv_variants_kernel", "_bwd_dq_variants_kernel")}
     for name, spy in spies.items():
         monkeypatch.setattr(flash_variants_bwd, name, spy)
-    got = backward_variants_varlen(do, q, k, v, o, lse, *args, sm_scale, window, softcap, slopes,
-                                   sinks)
+    got = backward_variants_varlen(do, q, k, v, o, lse, *args, sm_scale, variant)
     for name, grad, t in zip(("dq", "dk", "dv"), got, (q, k, v)):
         assert grad.shape == t.shape and grad.is_contiguous(), (name, grad.shape, grad.stride())
     (pre,), (kv,), (qs,) = (spy.pointers for spy in spies.values())

@@ -236,9 +236,12 @@ def test_check_variants_names_the_argument():
     from course_lib.validate import check_variants
 
     q = torch.randn(2, 4, 3, 8)
-    assert check_variants(q, True, (-1, -1), 0, None, None) == ((-1, 0), 0.0)
-    assert check_variants(q, False, (8, 8), 30.0, torch.rand(4), torch.rand(4)) == ((8, 8), 30.0)
-    assert check_variants(q, False, (8, 8), 1, torch.rand(2, 4), None) == ((8, 8), 1.0)
+    assert check_variants(q, True, (-1, -1), 0, None, None)[:2] == ((-1, 0), 0.0)
+    capped = check_variants(q, False, (8, 8), 30.0, torch.rand(4), torch.rand(4))
+    assert capped[:2] == ((8, 8), 30.0)
+    slopes = torch.rand(2, 4)
+    variant = check_variants(q, False, (8, 8), 1, slopes, None)
+    assert variant[:2] == ((8, 8), 1.0) and variant.alibi_slopes is slopes and not variant.dense
     cases = [
         (TypeError, "causal", dict(causal=1)),
         (ValueError, "window_size", dict(window_size=(-3, 0))),

@@ -277,14 +277,20 @@ def test_plan_refuses_other_shapes():
         plan.run(q3, k3, v3, lens3)
 
 
-def test_split_buffers_are_reused_per_shape():
+def test_split_buffers_are_reused_per_shape(monkeypatch):
+    from course_lib.kernels import decode as kd
+
     q, k, v, lens = _decode_inputs()
-    opd._PLANS.clear()
+    opd.forget_plans()
+    allocated = []
+    real_empty = kd._empty
+    monkeypatch.setattr(kd, "_empty", lambda shape, **kw: allocated.append(len(shape))
+                        or real_empty(shape, **kw))
     for _ in range(3):
-        ops.flash_decode(q, k, v, cache_seqlens=lens)
-    assert len(opd._PLANS) == 1
-    ops.flash_decode(q[:1], k[:1], v[:1], cache_seqlens=lens[:1])
-    assert len(opd._PLANS) == 2
+        ops.flash_decode(q, k, v, cache_seqlens=lens, num_splits=2)
+    assert allocated.count(5) == 1  # the splits' partial outputs: one plan
+    ops.flash_decode(q[:1], k[:1], v[:1], cache_seqlens=lens[:1], num_splits=2)
+    assert allocated.count(5) == 2  # another batch shape: another plan
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,26 +363,27 @@ def test_compiled_decode_with_cuda_graphs():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the fast launch path runs on a GPU only")
-def test_fast_launch_equals_tritons_own_launch(monkeypatch):
+def test_fast_launch_equals_tritons_own_launch(monkeypatch, request):
     """course_lib._launch against kernel[grid](...): same outputs, bit for bit, on aligned
     and misaligned views (a new specialization: the slow path once, then fast again)."""
     from course_lib import _launch
 
     if not _launch.FAST:
         pytest.skip(f"triton {__import__('triton').__version__} is not in SUPPORTED_TRITON")
-    _launch._CACHE.clear()
-    opd._PLANS.clear()
+    opd.forget_plans()
     q, k, v, lens = _decode_inputs(B=2, H=32, H_kv=8, N_max=1000, D=128, lengths=(1000, 77))
     q, k, v = (t.half() for t in (q, k, v))
     slow_before = _launch.SLOW_LAUNCHES
     fast = [ops.flash_decode(q, k, v, cache_seqlens=lens) for _ in range(3)]
-    assert len(_launch._CACHE) == 1  # eagerly the split kernel merges too: one kernel
-    assert _launch.SLOW_LAUNCHES - slow_before == 1  # the first call's; then the fast path
+    # the first call's launch (eagerly the split kernel merges too: one kernel), unless an
+    # earlier test compiled it; then the plan's bound launch
+    assert _launch.SLOW_LAUNCHES - slow_before <= 1
+    slow_before = _launch.SLOW_LAUNCHES
     store = torch.empty(q.numel() + 1, dtype=q.dtype, device=q.device)
     q_odd = store[1:].view(q.shape).copy_(q)  # 2-byte aligned, not 16
     fast.append(ops.flash_decode(q_odd, k, v, cache_seqlens=lens))
     fast.append(ops.flash_decode(q_odd, k, v, cache_seqlens=lens))
-    assert len(_launch._CACHE) == 2  # the split kernel again, for the misaligned q
+    assert _launch.SLOW_LAUNCHES - slow_before <= 1  # the misaligned q's own specialization
     qf, kf, vf = _qkv(B=1, H=4, H_kv=2, N_q=70, N_k=70, D=64, dtype=torch.float16)
     attn_fast = [ops.flash_attn_v2(qf, kf, vf, causal=True, impl="portable") for _ in range(2)]
     # impl None at this size: the portable kernel, then its remembered bound launch
@@ -386,12 +393,12 @@ def test_fast_launch_equals_tritons_own_launch(monkeypatch):
     growing = [torch.randn(1, 8, n, 128, device=q.device, dtype=q.dtype)
                for n in (1001, 1002, 1003, 1017)]
     q1 = q[:1]
+    slow_before = _launch.SLOW_LAUNCHES
     grown = [ops.flash_decode(q1, kg, kg) for kg in growing]
-    launches = {id(p.bound[1]) for p in opd._PLANS.values() if p.B == 1}
-    assert len(launches) == 1, "the growing cache was bound more than once"
-    assert len(opd._REPEATS) >= 2  # (q, k, v) and a growing cache's keys: repeated launches
+    assert _launch.SLOW_LAUNCHES - slow_before <= 1, "the growing cache was bound more than once"
     monkeypatch.setattr(_launch, "FAST", False)
-    monkeypatch.setattr(opd, "_REPEATS", {})  # (remembered launches, made fast: forgotten)
+    opd.forget_plans()  # (plans whose launches were bound fast)
+    request.addfinalizer(opd.forget_plans)
     for kg, o in zip(growing, grown):
         torch.testing.assert_close(o, ops.flash_decode(q1, kg, kg), rtol=0, atol=0)
     slow = ops.flash_decode(q, k, v, cache_seqlens=lens)
@@ -431,8 +438,9 @@ def test_the_fast_path_equals_tritons_own_launch(impl, n, monkeypatch):
 @pytest.mark.parametrize("merge", ["fused", "kernel"])
 def test_bound_plan_steps_equal_tritons_own_launch(merge, monkeypatch):
     """DecodePlan.run repeats its bound launches (course_lib._launch.bind) for a new q each
-    step: the same bits as Triton's own launch; a misaligned q or another cache re-binds."""
+    step: the same bits as Triton's own launch; a misaligned q re-binds."""
     from course_lib import _launch
+    from course_lib.kernels import decode as kd
 
     if not _launch.FAST:
         pytest.skip(f"triton {__import__('triton').__version__} is not in SUPPORTED_TRITON")
@@ -443,18 +451,23 @@ def test_bound_plan_steps_equal_tritons_own_launch(merge, monkeypatch):
     qs = [torch.randn_like(q) for _ in range(4)]
     store = torch.empty(q.numel() + 1, dtype=q.dtype, device=q.device)
     qs.append(store[1:].view(q.shape).copy_(qs[0]))  # 2-byte aligned, not 16
-    got, bound = [], []
+    launched = []  # the steps that went through Triton (and bound their launches)
+    real_run_plan = kd.run_plan
+    monkeypatch.setattr(kd, "run_plan", lambda *a, **kw: launched.append(1)
+                        or real_run_plan(*a, **kw))
+    got, through_triton = [], []
     for qi in qs:
         got.append(plan.run(qi, k, v, lens).clone())
-        bound.append(plan._bound[4])
-    assert all(b is bound[0] for b in bound[:4])  # steps 2 to 4 repeated step 1's launches
-    assert bound[4] is not bound[0]  # the misaligned q was launched (and bound) anew
-    k2 = k.clone()
+        through_triton.append(len(launched))
+    # steps 2 to 4 repeated step 1's bound launches; the misaligned q was launched anew
+    assert through_triton == [1, 1, 1, 1, 2]
+    k2 = k.clone()  # another cache tensor, laid out alike: its address is a free argument
     got.append(plan.run(qs[1], k2, v, lens).clone())
-    assert plan._bound[0] is k2  # another cache tensor: bound again
+    got.append(plan.run(qs[2], k2, v, lens).clone())
+    assert len(launched) == 2, "another cache tensor of the same layout was launched anew"
     monkeypatch.setattr(_launch, "FAST", False)
     slow_plan = ops.plan_decode(q, k, v, merge=merge)
-    for qi, g in zip([*qs, qs[1]], got):
+    for qi, g in zip([*qs, qs[1], qs[2]], got):
         torch.testing.assert_close(g, slow_plan.run(qi, k, v, lens), rtol=0, atol=0)
 
 
@@ -479,7 +492,6 @@ def test_fast_launch_plumbing_with_a_stand_in_for_triton(layout, monkeypatch):
     (the arguments spread) and in the form of 3.7 to 3.9 (annotations, the signature, the
     arguments as one tuple). The GPU tests above check the installed Triton's against its own
     launch."""
-    import collections
     import inspect
     import types
 
@@ -517,7 +529,6 @@ def test_fast_launch_plumbing_with_a_stand_in_for_triton(layout, monkeypatch):
                                    get_current_stream=lambda device: 99)
     monkeypatch.setattr(_launch, "FAST", True)
     monkeypatch.setattr(_launch, "_driver", types.SimpleNamespace(active=driver))
-    monkeypatch.setattr(_launch, "_CACHE", collections.OrderedDict())
     kernel, x, y = Kernel(), torch.zeros(4), torch.zeros(4)
     head = (99, 7, False, False, None, None, (4, 1, 0), None, None, None)
 
@@ -555,17 +566,18 @@ def test_fast_launch_plumbing_with_a_stand_in_for_triton(layout, monkeypatch):
 # a call shaped like an earlier one skips the checks (the host time of a model's layers)
 # ---------------------------------------------------------------------------------------------
 
-def test_a_decode_call_shaped_like_an_earlier_one_repeats_its_bound_launch(monkeypatch):
-    """flash_decode's repeat (ops.decode._Repeat), on any machine: a stand-in for the bound
-    split kernel records the launches. The second call with the same shapes, strides, dtypes,
-    devices, scale and lengths' layout makes no checks and hands the launch the new addresses;
-    anything else, and bad input, goes the checked way."""
+def test_a_decode_call_shaped_like_an_earlier_one_repeats_its_bound_launch(monkeypatch, request):
+    """flash_decode's kept plan, on any machine: a stand-in for the bound split kernel records
+    the launches. The second call with the same shapes, strides, dtypes, devices, scale and
+    lengths' layout is checked and then hands the plan's bound launch the new addresses;
+    another scale or length class binds anew; bad input is refused, naming the argument."""
     from course_lib.kernels import decode as kd
 
-    launched = []
-    monkeypatch.setattr(kd, "run_plan", lambda *a, **kw: [lambda *p: launched.append(p)])
-    monkeypatch.setattr(opd, "_PLANS", type(opd._PLANS)())
-    monkeypatch.setattr(opd, "_REPEATS", {})
+    launched, bound = [], []
+    monkeypatch.setattr(kd, "run_plan", lambda *a, **kw: bound.append(1) or [
+        lambda *p: launched.append(p)])
+    opd.forget_plans()
+    request.addfinalizer(opd.forget_plans)  # the stand-in's launches must not outlive the test
     checks = []
     real_check = opd._check_cache
     monkeypatch.setattr(opd, "_check_cache", lambda *a: checks.append(1) or real_check(*a))
@@ -573,63 +585,46 @@ def test_a_decode_call_shaped_like_an_earlier_one_repeats_its_bound_launch(monke
     q = fresh_randn(B, 1, H, D).transpose(1, 2)  # as transformers hands it over
     k, v = fresh_randn(B, H_kv, N, D), fresh_randn(B, H_kv, N, D)
     ops.flash_decode(q, k, v, sm_scale=0.25)
-    assert len(checks) == 1 and len(opd._REPEATS) == 1
     q2, k2, v2 = q.clone(), k.clone(), v.clone()  # (clone keeps q's layout)
     o = ops.flash_decode(q2, k2, v2, sm_scale=0.25)
-    assert len(checks) == 1, "the repeated call was checked again"
+    assert len(bound) == 1 and len(launched) == 1, "the second call bound anew"
+    assert len(checks) == 1, "a call with a kept plan was checked again"
     assert o.shape == (B, H, 1, D) and o.dtype == q.dtype
     p = launched[-1]
     assert p[:6] == (q2.data_ptr(), k2.data_ptr(), v2.data_ptr(), q2.data_ptr(),
                      q2.data_ptr(), o.data_ptr())
     assert p[7:] == (*k2.stride()[:3], *v2.stride()[:3], N)  # the cache's geometry, its length
-    # Another scale, a longer cache, int64 lengths: the checked way (and remembered anew,
-    # but int64 lengths, which are converted on every call).
-    ops.flash_decode(q, k, v, sm_scale=0.5)
-    longer = fresh_randn(B, H_kv, N + 1, D)
+    longer = fresh_randn(B, H_kv, N + 1, D)  # one token more: the same plan, no checks
     ops.flash_decode(q, longer, longer, sm_scale=0.25)
-    lens64 = torch.full((B,), 7, dtype=torch.int64, device=q.device)
-    ops.flash_decode(q, k, v, lens64, sm_scale=0.25)
-    ops.flash_decode(q, k, v, lens64, sm_scale=0.25)
-    assert len(checks) == 5 and len(opd._REPEATS) == 3
-    # Bad input with a remembered call's shapes is still refused, naming the argument.
-    ops.flash_decode(q, k, v, sm_scale=1.0)
+    assert len(checks) == 1 and len(bound) == 1 and launched[-1][13] == N + 1
+    ops.flash_decode(q, k, v, sm_scale=0.5)  # another scale: another plan
+    assert len(bound) == 2
     with pytest.raises(TypeError, match="sm_scale"):
         ops.flash_decode(q, k, v, sm_scale=True)  # True == 1.0, but not a scale
     with pytest.raises(TypeError, match="q must be a torch.Tensor"):
         ops.flash_decode(q.tolist(), k, v)
-    # A profiler hook, a replaced or cleared plan cache: the checked way again.
-    n = len(checks)
-    monkeypatch.setattr(opd, "hooks_installed", lambda: True)
+    monkeypatch.setattr(opd, "hooks_installed", lambda: True)  # a profiler: through Triton
     ops.flash_decode(q, k, v, sm_scale=0.25)
-    monkeypatch.setattr(opd, "hooks_installed", lambda: False)
-    monkeypatch.setattr(opd, "_PLANS", type(opd._PLANS)())
-    ops.flash_decode(q, k, v, sm_scale=0.25)
-    ops.flash_decode(q, k, v, sm_scale=0.25)
-    assert len(checks) == n + 2  # the second call repeated the launch of the new plan
-    opd._PLANS.clear()  # forgets the repeats made with its plans
-    assert not opd._REPEATS
-    ops.flash_decode(q, k, v, sm_scale=0.25)
-    assert len(checks) == n + 3
+    assert len(bound) == 3
 
 
-def test_a_kept_output_layout_allocates_like_q_only_where_that_is_os_layout():
-    """OutputLike (the remembered calls' O): ``torch.empty_like(q)`` where it gives O's shape,
-    strides, dtype and device (a dense q), else O's kept shape and layout; the tests' poisoned
-    allocator wins when given."""
-    from course_lib.kernels.attention_common import OutputLike, empty_output
+def test_a_remembered_call_allocates_like_q_only_where_that_is_os_layout():
+    """_FastCall (a remembered call's O): ``torch.empty_like(q)`` where it gives O's shape and
+    strides (a dense q), else O's kept shape and layout."""
+    from course_lib.kernels.attention_common import empty_output
+    from course_lib.ops.attention import _FastCall
 
     dense = fresh_randn(2, 7, 4, 16).transpose(1, 2)  # (B, H, N, D) seen through a transpose
     packed = fresh_randn(2, 4, 7, 48)[..., :16]  # q cut from a packed qkv: a contiguous O
     odd = fresh_randn(2, 16, 4, 7).permute(0, 2, 3, 1)  # dense, but O is contiguous, not so
     for q, like in ((dense, True), (packed, True), (odd, False), (fresh_randn(2, 4, 7, 16), True)):
         o = empty_output(q)
-        kept = OutputLike(o, q)
+        launched = []
+        kept = _FastCall(lambda *p: launched.append(p), o, q)
         assert kept.like is like
-        again = kept(None, q)
+        again = kept(q, q, q)
         assert (again.shape, again.stride(), again.dtype) == (o.shape, o.stride(), o.dtype)
-        poisoned = kept(lambda *a, **kw: torch.full(*a, float("nan"), **kw), q)
-        assert poisoned.shape == o.shape and torch.isnan(poisoned).all()
-    assert OutputLike(empty_output(dense)).like is False  # no q given: the kept layout
+        assert launched == [(q.data_ptr(),) * 3 + (again.data_ptr(),) * 2]
 
 
 def test_a_forward_call_shaped_like_an_earlier_one_skips_the_checks(monkeypatch):

@@ -303,13 +303,14 @@ def dispatch_rows(rounds: int = 7) -> dict:
     if not hasattr(getattr(torch.ops, lib), "flash_attn_fwd"):  # once per process
         def fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                 sm_scale: float, impl: str) -> tuple[torch.Tensor, torch.Tensor]:
-            return oa._flash_attn_fwd_op(q, k, v, causal, sm_scale, impl)
+            return oa._flash_attn_v2_forward(q, k, v, causal, sm_scale,
+                                             None if impl == "auto" else impl)
 
         def dec(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 cache_seqlens: torch.Tensor | None, num_splits: int, sm_scale: float,
                 config: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-            return od._flash_decode_op(q, k_cache, v_cache, cache_seqlens, num_splits,
-                                       sm_scale, config)
+            return od._op_call(q, k_cache, v_cache, cache_seqlens, None, k_cache.shape[2], 1,
+                               1, num_splits, sm_scale, config, -1, 0.0, None, None)
 
         torch.library.custom_op(f"{lib}::flash_attn_fwd", fwd, mutates_args=()) \
             .register_fake(oa._flash_attn_fwd_fake)
@@ -321,10 +322,12 @@ def dispatch_rows(rounds: int = 7) -> dict:
     fns = {
         "flash_attn_fwd_library_us": lambda: torch.ops.course.flash_attn_fwd(*fwd_args),
         "flash_attn_fwd_custom_op_us": lambda: ops.flash_attn_fwd(*fwd_args),
-        "flash_attn_fwd_direct_us": lambda: oa._flash_attn_fwd_op(*fwd_args),
+        "flash_attn_fwd_direct_us": lambda: oa._flash_attn_v2_forward(q, k, v, True, 0.125),
         "flash_decode_library_us": lambda: torch.ops.course.flash_decode(*dec_args),
         "flash_decode_custom_op_us": lambda: ops.flash_decode(*dec_args),
-        "flash_decode_direct_us": lambda: od._flash_decode_op(*dec_args),
+        "flash_decode_direct_us": lambda: od._op_call(qd, kd, kd, lens, None, kd.shape[2], 1,
+                                                      1, 0, 128 ** -0.5, [], -1, 0.0, None,
+                                                      None),
     }
     sdpa, backends = _sdpa_host_fns(q, k, v)
     fns |= sdpa

@@ -57,15 +57,16 @@ def _ours(q, k, v, backward, window, impl="portable", config=None, softcap=0.0,
     backward."""
     from course_lib.kernels.flash_variants import forward_variants
     from course_lib.kernels.flash_variants_hopper import forward_variants_hopper
+    from course_lib.validate import Variant
 
-    extras = (softcap, alibi_slopes, sinks)
+    variant = Variant(window, softcap, alibi_slopes, sinks)
     if not backward and impl == "hopper":
-        return lambda: forward_variants_hopper(q, k, v, D ** -0.5, window, *extras,
-                                               store_lse=False, config=config)
+        return lambda: forward_variants_hopper(q, k, v, D ** -0.5, variant, store_lse=False,
+                                               config=config)
     if not backward:
-        return lambda: forward_variants(q, k, v, D ** -0.5, window, *extras, store_lse=False)
+        return lambda: forward_variants(q, k, v, D ** -0.5, variant, store_lse=False)
     return _grad_of(lambda *t: torch.ops.course.flash_attn_variants_fwd(
-        *t, D ** -0.5, window[0], window[1], *extras)[0], q, k, v)
+        *t, D ** -0.5, *window, softcap, alibi_slopes, sinks)[0], q, k, v)
 
 
 def _grad_of(fn, q, k, v):

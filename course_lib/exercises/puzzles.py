@@ -49,6 +49,7 @@ from course_lib.exercises import (
     register,
     sandbox,
 )
+from course_lib.exercises.sandbox import kernel_variant
 
 LESSON = "02b_triton_puzzles"
 
@@ -216,36 +217,12 @@ def _scale_solution(x_ptr, y_ptr, n, scale, BLOCK: tl.constexpr):
     tl.store(y_ptr + offs, scale * x, mask=mask)
 
 
-@triton.jit
-def _scale_load_unmasked(x_ptr, y_ptr, n, scale, BLOCK: tl.constexpr):
-    offs = tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs)
-    tl.store(y_ptr + offs, scale * x, mask=mask)
-
-
-@triton.jit
-def _scale_one_lane_too_many(x_ptr, y_ptr, n, scale, BLOCK: tl.constexpr):
-    offs = tl.arange(0, BLOCK)
-    mask = offs <= n
-    x = tl.load(x_ptr + offs, mask=mask)
-    tl.store(y_ptr + offs, scale * x, mask=mask)
-
-
-@triton.jit
-def _scale_store_unmasked(x_ptr, y_ptr, n, scale, BLOCK: tl.constexpr):
-    offs = tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask)
-    tl.store(y_ptr + offs, scale * x)
-
-
-@triton.jit
-def _scale_into_x(x_ptr, y_ptr, n, scale, BLOCK: tl.constexpr):
-    offs = tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask)
-    tl.store(x_ptr + offs, scale * x, mask=mask)
+# Each registered wrong answer is the reference with one slip (``kernel_variant``).
+_scale_load_unmasked = kernel_variant(
+    _scale_solution, ("x = tl.load(x_ptr + offs, mask=mask)", "x = tl.load(x_ptr + offs)"))
+_scale_one_lane_too_many = kernel_variant(_scale_solution, ("offs < n", "offs <= n"))
+_scale_store_unmasked = kernel_variant(_scale_solution, ("scale * x, mask=mask)", "scale * x)"))
+_scale_into_x = kernel_variant(_scale_solution, ("tl.store(y_ptr", "tl.store(x_ptr"))
 
 
 SCALE_BLOCK = 32
@@ -328,34 +305,9 @@ def _mul_solution(x_ptr, y_ptr, z_ptr, n, BLOCK: tl.constexpr):
     tl.store(z_ptr + offsets, x * y, mask=in_range)
 
 
-@triton.jit
-def _mul_no_pid(x_ptr, y_ptr, z_ptr, n, BLOCK: tl.constexpr):
-    pid = tl.program_id(axis=0)
-    offsets = tl.arange(0, BLOCK)
-    in_range = offsets < n
-    x = tl.load(x_ptr + offsets, mask=in_range)
-    y = tl.load(y_ptr + offsets, mask=in_range)
-    tl.store(z_ptr + offsets, x * y, mask=in_range)
-
-
-@triton.jit
-def _mul_pid_not_scaled(x_ptr, y_ptr, z_ptr, n, BLOCK: tl.constexpr):
-    pid = tl.program_id(axis=0)
-    offsets = pid + tl.arange(0, BLOCK)
-    in_range = offsets < n
-    x = tl.load(x_ptr + offsets, mask=in_range)
-    y = tl.load(y_ptr + offsets, mask=in_range)
-    tl.store(z_ptr + offsets, x * y, mask=in_range)
-
-
-@triton.jit
-def _mul_mask_with_block(x_ptr, y_ptr, z_ptr, n, BLOCK: tl.constexpr):
-    pid = tl.program_id(axis=0)
-    offsets = pid * BLOCK + tl.arange(0, BLOCK)
-    in_range = offsets < BLOCK
-    x = tl.load(x_ptr + offsets, mask=in_range)
-    y = tl.load(y_ptr + offsets, mask=in_range)
-    tl.store(z_ptr + offsets, x * y, mask=in_range)
+_mul_no_pid = kernel_variant(_mul_solution, ("pid * BLOCK + tl.arange", "tl.arange"))
+_mul_pid_not_scaled = kernel_variant(_mul_solution, ("pid * BLOCK + ", "pid + "))
+_mul_mask_with_block = kernel_variant(_mul_solution, ("offsets < n", "offsets < BLOCK"))
 
 
 MUL_BLOCK = 32
@@ -446,43 +398,13 @@ def _outer_solution(x_ptr, y_ptr, z_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: t
     tl.store(z_ptrs, z, mask=mask)
 
 
-@triton.jit
-def _outer_axes_swapped(x_ptr, y_ptr, z_ptr, M, N, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr):
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    x = tl.load(x_ptr + offs_m, mask=offs_m < M, other=0.0)
-    y = tl.load(y_ptr + offs_n, mask=offs_n < N, other=0.0)
-    z = x[None, :] * y[:, None]
-    z_ptrs = z_ptr + offs_m[:, None] * N + offs_n[None, :]
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(z_ptrs, z, mask=mask)
-
-
-@triton.jit
-def _outer_row_length_m(x_ptr, y_ptr, z_ptr, M, N, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr):
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    x = tl.load(x_ptr + offs_m, mask=offs_m < M, other=0.0)
-    y = tl.load(y_ptr + offs_n, mask=offs_n < N, other=0.0)
-    z = x[:, None] * y[None, :]
-    z_ptrs = z_ptr + offs_m[:, None] * M + offs_n[None, :]
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(z_ptrs, z, mask=mask)
-
-
-@triton.jit
-def _outer_rows_only_mask(x_ptr, y_ptr, z_ptr, M, N, BLOCK_M: tl.constexpr,
-                          BLOCK_N: tl.constexpr):
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    x = tl.load(x_ptr + offs_m, mask=offs_m < M, other=0.0)
-    y = tl.load(y_ptr + offs_n, mask=offs_n < N, other=0.0)
-    z = x[:, None] * y[None, :]
-    z_ptrs = z_ptr + offs_m[:, None] * N + offs_n[None, :]
-    mask = offs_m[:, None] < M
-    tl.store(z_ptrs, z, mask=mask)
+_outer_axes_swapped = kernel_variant(
+    _outer_solution, ("z = x[:, None] * y[None, :]", "z = x[None, :] * y[:, None]"))
+_outer_row_length_m = kernel_variant(
+    _outer_solution, ("offs_m[:, None] * N", "offs_m[:, None] * M"))
+_outer_rows_only_mask = kernel_variant(
+    _outer_solution, ("mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)",
+                      "mask = offs_m[:, None] < M"))
 
 
 def prepare_outer(x, y, block_m, block_n):
@@ -621,56 +543,17 @@ def _square_solution(x_ptr, y_ptr, M, N, stride_m, stride_n,
     tl.store(y_ptr + offsets, x * x, mask=mask)
 
 
-@triton.jit
-def _square_rows_only_mask(x_ptr, y_ptr, M, N, stride_m, stride_n,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    pid_n = tl.program_id(axis=1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offsets = offs_m[:, None] * stride_m + offs_n[None, :] * stride_n
-    mask = offs_m[:, None] < M
-    x = tl.load(x_ptr + offsets, mask=mask)
-    tl.store(y_ptr + offsets, x * x, mask=mask)
-
-
-@triton.jit
-def _square_no_pid_n(x_ptr, y_ptr, M, N, stride_m, stride_n,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    pid_n = tl.program_id(axis=1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offsets = offs_m[:, None] * stride_m + offs_n[None, :] * stride_n
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    x = tl.load(x_ptr + offsets, mask=mask)
-    tl.store(y_ptr + offsets, x * x, mask=mask)
-
-
-@triton.jit
-def _square_row_length_n(x_ptr, y_ptr, M, N, stride_m, stride_n,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    pid_n = tl.program_id(axis=1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offsets = offs_m[:, None] * N + offs_n[None, :]
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    x = tl.load(x_ptr + offsets, mask=mask)
-    tl.store(y_ptr + offsets, x * x, mask=mask)
-
-
-@triton.jit
-def _square_strides_swapped(x_ptr, y_ptr, M, N, stride_m, stride_n,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    pid_n = tl.program_id(axis=1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offsets = offs_m[:, None] * stride_n + offs_n[None, :] * stride_m
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    x = tl.load(x_ptr + offsets, mask=mask)
-    tl.store(y_ptr + offsets, x * x, mask=mask)
+_SQUARE_OFFSETS = "offsets = offs_m[:, None] * stride_m + offs_n[None, :] * stride_n"
+_square_rows_only_mask = kernel_variant(
+    _square_solution, ("mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)",
+                       "mask = offs_m[:, None] < M"))
+_square_no_pid_n = kernel_variant(
+    _square_solution, ("offs_n = pid_n * BLOCK_N + tl.arange", "offs_n = tl.arange"))
+_square_row_length_n = kernel_variant(
+    _square_solution, (_SQUARE_OFFSETS, "offsets = offs_m[:, None] * N + offs_n[None, :]"))
+_square_strides_swapped = kernel_variant(
+    _square_solution,
+    (_SQUARE_OFFSETS, "offsets = offs_m[:, None] * stride_n + offs_n[None, :] * stride_m"))
 
 
 def prepare_square(x_base, layout, M, N, block_m, block_n):
@@ -782,46 +665,17 @@ def _add_strided_solution(x_ptr, y_ptr, z_ptr, M, N,
     tl.store(z_ptr + offs_m[:, None] * stride_zm + offs_n[None, :] * stride_zn, x + y, mask=mask)
 
 
-@triton.jit
-def _add_y_with_x_strides(x_ptr, y_ptr, z_ptr, M, N,
-                          stride_xm, stride_xn, stride_ym, stride_yn, stride_zm, stride_zn,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    pid_n = tl.program_id(axis=1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_n[None, :] * stride_xn, mask=mask)
-    y = tl.load(y_ptr + offs_m[:, None] * stride_xm + offs_n[None, :] * stride_xn, mask=mask)
-    tl.store(z_ptr + offs_m[:, None] * stride_zm + offs_n[None, :] * stride_zn, x + y, mask=mask)
-
-
-@triton.jit
-def _add_y_strides_swapped(x_ptr, y_ptr, z_ptr, M, N,
-                           stride_xm, stride_xn, stride_ym, stride_yn, stride_zm, stride_zn,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    pid_n = tl.program_id(axis=1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_n[None, :] * stride_xn, mask=mask)
-    y = tl.load(y_ptr + offs_m[:, None] * stride_yn + offs_n[None, :] * stride_ym, mask=mask)
-    tl.store(z_ptr + offs_m[:, None] * stride_zm + offs_n[None, :] * stride_zn, x + y, mask=mask)
-
-
-@triton.jit
-def _add_z_row_major(x_ptr, y_ptr, z_ptr, M, N,
-                     stride_xm, stride_xn, stride_ym, stride_yn, stride_zm, stride_zn,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    pid_n = tl.program_id(axis=1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_n[None, :] * stride_xn, mask=mask)
-    y = tl.load(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn, mask=mask)
-    tl.store(z_ptr + offs_m[:, None] * N + offs_n[None, :], x + y, mask=mask)
+_Y_STRIDES = "offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn"
+_add_y_with_x_strides = kernel_variant(
+    _add_strided_solution,
+    (_Y_STRIDES, "offs_m[:, None] * stride_xm + offs_n[None, :] * stride_xn"))
+_add_y_strides_swapped = kernel_variant(
+    _add_strided_solution,
+    (_Y_STRIDES, "offs_m[:, None] * stride_yn + offs_n[None, :] * stride_ym"))
+_add_z_row_major = kernel_variant(
+    _add_strided_solution,
+    ("offs_m[:, None] * stride_zm + offs_n[None, :] * stride_zn",
+     "offs_m[:, None] * N + offs_n[None, :]"))
 
 
 def _strided_views(case):
@@ -949,74 +803,14 @@ def _row_sum_solution(x_ptr, out_ptr, M, N, stride_m, stride_n,
     tl.store(out_ptr + rows, sums, mask=row_ok)
 
 
-@triton.jit
-def _row_sum_wrong_axis(x_ptr, out_ptr, M, N, stride_m, stride_n,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
-    row_ok = rows < M
-    col_ok = cols < N
-    ptrs = x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_n
-    x = tl.load(ptrs, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-    sums = tl.sum(x, axis=0)
-    tl.store(out_ptr + rows, sums, mask=row_ok)
-
-
-@triton.jit
-def _row_sum_rows_only_mask(x_ptr, out_ptr, M, N, stride_m, stride_n,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
-    row_ok = rows < M
-    col_ok = cols < N
-    ptrs = x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_n
-    x = tl.load(ptrs, mask=row_ok[:, None], other=0.0)
-    sums = tl.sum(x, axis=1)
-    tl.store(out_ptr + rows, sums, mask=row_ok)
-
-
-@triton.jit
-def _row_sum_no_column_stride(x_ptr, out_ptr, M, N, stride_m, stride_n,
-                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
-    row_ok = rows < M
-    col_ok = cols < N
-    ptrs = x_ptr + rows[:, None] * stride_m + cols[None, :]
-    x = tl.load(ptrs, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-    sums = tl.sum(x, axis=1)
-    tl.store(out_ptr + rows, sums, mask=row_ok)
-
-
-@triton.jit
-def _row_sum_store_unmasked(x_ptr, out_ptr, M, N, stride_m, stride_n,
-                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
-    row_ok = rows < M
-    col_ok = cols < N
-    ptrs = x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_n
-    x = tl.load(ptrs, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-    sums = tl.sum(x, axis=1)
-    tl.store(out_ptr + rows, sums)
-
-
-@triton.jit
-def _row_sum_no_other(x_ptr, out_ptr, M, N, stride_m, stride_n,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid_m = tl.program_id(axis=0)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
-    row_ok = rows < M
-    col_ok = cols < N
-    ptrs = x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_n
-    x = tl.load(ptrs, mask=row_ok[:, None] & col_ok[None, :])
-    sums = tl.sum(x, axis=1)
-    tl.store(out_ptr + rows, sums, mask=row_ok)
+_row_sum_wrong_axis = kernel_variant(
+    _row_sum_solution, ("tl.sum(x, axis=1)", "tl.sum(x, axis=0)"))
+_row_sum_rows_only_mask = kernel_variant(
+    _row_sum_solution, ("mask=row_ok[:, None] & col_ok[None, :]", "mask=row_ok[:, None]"))
+_row_sum_no_column_stride = kernel_variant(
+    _row_sum_solution, ("cols[None, :] * stride_n", "cols[None, :]"))
+_row_sum_store_unmasked = kernel_variant(_row_sum_solution, ("sums, mask=row_ok)", "sums)"))
+_row_sum_no_other = kernel_variant(_row_sum_solution, (", other=0.0)", ")"))
 
 
 def prepare_row_sum(x_base, layout, M, N, block_m, block_n):
@@ -1137,64 +931,15 @@ def _softmax_solution(x_ptr, y_ptr, N, stride_x, stride_y, BLOCK_N: tl.constexpr
     tl.store(y_ptr + row * stride_y + cols, num / den, mask=inside)
 
 
-@triton.jit
-def _softmax_no_max(x_ptr, y_ptr, N, stride_x, stride_y, BLOCK_N: tl.constexpr):
-    row = tl.program_id(axis=0)
-    cols = tl.arange(0, BLOCK_N)
-    inside = cols < N
-    x = tl.load(x_ptr + row * stride_x + cols, mask=inside, other=-float("inf"))
-    row_max = tl.max(x, axis=0)
-    num = tl.exp(x)
-    den = tl.sum(num, axis=0)
-    tl.store(y_ptr + row * stride_y + cols, num / den, mask=inside)
-
-
-@triton.jit
-def _softmax_other_zero(x_ptr, y_ptr, N, stride_x, stride_y, BLOCK_N: tl.constexpr):
-    row = tl.program_id(axis=0)
-    cols = tl.arange(0, BLOCK_N)
-    inside = cols < N
-    x = tl.load(x_ptr + row * stride_x + cols, mask=inside, other=0.0)
-    row_max = tl.max(x, axis=0)
-    num = tl.exp(x - row_max)
-    den = tl.sum(num, axis=0)
-    tl.store(y_ptr + row * stride_y + cols, num / den, mask=inside)
-
-
-@triton.jit
-def _softmax_zero_wins_the_max(x_ptr, y_ptr, N, stride_x, stride_y, BLOCK_N: tl.constexpr):
-    row = tl.program_id(axis=0)
-    cols = tl.arange(0, BLOCK_N)
-    inside = cols < N
-    x = tl.load(x_ptr + row * stride_x + cols, mask=inside, other=0.0)
-    row_max = tl.max(x, axis=0)
-    num = tl.exp(x - row_max)
-    den = tl.sum(tl.where(inside, num, 0.0), axis=0)
-    tl.store(y_ptr + row * stride_y + cols, num / den, mask=inside)
-
-
-@triton.jit
-def _softmax_store_unmasked(x_ptr, y_ptr, N, stride_x, stride_y, BLOCK_N: tl.constexpr):
-    row = tl.program_id(axis=0)
-    cols = tl.arange(0, BLOCK_N)
-    inside = cols < N
-    x = tl.load(x_ptr + row * stride_x + cols, mask=inside, other=-float("inf"))
-    row_max = tl.max(x, axis=0)
-    num = tl.exp(x - row_max)
-    den = tl.sum(num, axis=0)
-    tl.store(y_ptr + row * stride_y + cols, num / den)
-
-
-@triton.jit
-def _softmax_no_other(x_ptr, y_ptr, N, stride_x, stride_y, BLOCK_N: tl.constexpr):
-    row = tl.program_id(axis=0)
-    cols = tl.arange(0, BLOCK_N)
-    inside = cols < N
-    x = tl.load(x_ptr + row * stride_x + cols, mask=inside)
-    row_max = tl.max(x, axis=0)
-    num = tl.exp(x - row_max)
-    den = tl.sum(num, axis=0)
-    tl.store(y_ptr + row * stride_y + cols, num / den, mask=inside)
+_SOFTMAX_OTHER = 'other=-float("inf")'
+_softmax_no_max = kernel_variant(_softmax_solution, ("tl.exp(x - row_max)", "tl.exp(x)"))
+_softmax_other_zero = kernel_variant(_softmax_solution, (_SOFTMAX_OTHER, "other=0.0"))
+_softmax_zero_wins_the_max = kernel_variant(
+    _softmax_solution, (_SOFTMAX_OTHER, "other=0.0"),
+    ("tl.sum(num, axis=0)", "tl.sum(tl.where(inside, num, 0.0), axis=0)"))
+_softmax_store_unmasked = kernel_variant(
+    _softmax_solution, ("num / den, mask=inside)", "num / den)"))
+_softmax_no_other = kernel_variant(_softmax_solution, (", " + _SOFTMAX_OTHER, ""))
 
 
 def prepare_softmax(x, block_n):
@@ -1317,59 +1062,14 @@ def _dot_solution(a_ptr, b_ptr, c_ptr, K, BLOCK_K: tl.constexpr):
     tl.store(c_ptr + offs_16[:, None] * 16 + offs_16[None, :], acc)
 
 
-@triton.jit
-def _dot_acc_overwritten(a_ptr, b_ptr, c_ptr, K, BLOCK_K: tl.constexpr):
-    offs_16 = tl.arange(0, 16)
-    offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((16, 16), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + offs_k
-        a = tl.load(a_ptr + offs_16[:, None] * K + ks[None, :], mask=ks[None, :] < K, other=0.0)
-        b = tl.load(b_ptr + ks[:, None] * 16 + offs_16[None, :], mask=ks[:, None] < K, other=0.0)
-        acc = tl.dot(a, b)
-    tl.store(c_ptr + offs_16[:, None] * 16 + offs_16[None, :], acc)
-
-
-@triton.jit
-def _dot_mask_without_k0(a_ptr, b_ptr, c_ptr, K, BLOCK_K: tl.constexpr):
-    offs_16 = tl.arange(0, 16)
-    offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((16, 16), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + offs_k
-        a = tl.load(a_ptr + offs_16[:, None] * K + ks[None, :], mask=offs_k[None, :] < K,
-                    other=0.0)
-        b = tl.load(b_ptr + ks[:, None] * 16 + offs_16[None, :], mask=offs_k[:, None] < K,
-                    other=0.0)
-        acc = tl.dot(a, b, acc)
-    tl.store(c_ptr + offs_16[:, None] * 16 + offs_16[None, :], acc)
-
-
-@triton.jit
-def _dot_a_rows_16_apart(a_ptr, b_ptr, c_ptr, K, BLOCK_K: tl.constexpr):
-    offs_16 = tl.arange(0, 16)
-    offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((16, 16), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + offs_k
-        a = tl.load(a_ptr + offs_16[:, None] * 16 + ks[None, :], mask=ks[None, :] < K,
-                    other=0.0)
-        b = tl.load(b_ptr + ks[:, None] * 16 + offs_16[None, :], mask=ks[:, None] < K, other=0.0)
-        acc = tl.dot(a, b, acc)
-    tl.store(c_ptr + offs_16[:, None] * 16 + offs_16[None, :], acc)
-
-
-@triton.jit
-def _dot_no_other(a_ptr, b_ptr, c_ptr, K, BLOCK_K: tl.constexpr):
-    offs_16 = tl.arange(0, 16)
-    offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((16, 16), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + offs_k
-        a = tl.load(a_ptr + offs_16[:, None] * K + ks[None, :], mask=ks[None, :] < K)
-        b = tl.load(b_ptr + ks[:, None] * 16 + offs_16[None, :], mask=ks[:, None] < K)
-        acc = tl.dot(a, b, acc)
-    tl.store(c_ptr + offs_16[:, None] * 16 + offs_16[None, :], acc)
+_A_MASK, _B_MASK = "mask=ks[None, :] < K", "mask=ks[:, None] < K"
+_dot_acc_overwritten = kernel_variant(_dot_solution, ("tl.dot(a, b, acc)", "tl.dot(a, b)"))
+_dot_mask_without_k0 = kernel_variant(
+    _dot_solution, (_A_MASK, "mask=offs_k[None, :] < K"), (_B_MASK, "mask=offs_k[:, None] < K"))
+_dot_a_rows_16_apart = kernel_variant(
+    _dot_solution, ("offs_16[:, None] * K", "offs_16[:, None] * 16"))
+_dot_no_other = kernel_variant(
+    _dot_solution, (_A_MASK + ", other=0.0", _A_MASK), (_B_MASK + ", other=0.0", _B_MASK))
 
 
 DOT_BLOCK_K = 16

@@ -34,6 +34,7 @@ from course_lib.exercises import (
     poisoned,
     register,
 )
+from course_lib.exercises.sandbox import kernel_variant
 from course_lib.iomodel.attention import flash_v1_io
 from course_lib.reference import attention
 
@@ -130,37 +131,17 @@ def _flash_v1_solution(Q, K, V, Out, L, M, N_Q, N_K, sm_scale,
         tl.debug_barrier()  # the next K/V block reads what this one wrote
 
 
-def _mistake(name: str, *edits):
-    """A wrong answer: the solution's source with ``edits`` ((old, new) pairs) made, compiled
-    as a @triton.jit kernel named ``name`` (its source kept in linecache, where Triton and the
-    sandbox read it)."""
-    import linecache
-
-    from course_lib.exercises.sandbox import source
-
-    text = source(_flash_v1_solution).replace("def _flash_v1_solution(", f"def {name}(", 1)
-    for old, new in edits:
-        if old not in text:
-            raise ValueError(f"{name}: {old!r} is not in the solution")
-        text = text.replace(old, new, 1)
-    text = text.replace("@triton.jit\n", "", 1)
-    filename = f"<course_lib.exercises.triton_flash_v1.{name}>"
-    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
-    scope = {"tl": tl, "triton": triton}
-    exec(compile(text, filename, "exec"), scope)
-    return triton.jit(scope[name])
-
-
-_flash_v1_no_beta = _mistake("_flash_v1_no_beta", ("beta[:, None] * pv", "pv"))
-_flash_v1_no_alpha = _mistake("_flash_v1_no_alpha",
-                              ("(l_i * alpha)[:, None] * o_i", "l_i[:, None] * o_i"))
-_flash_v1_padded_keys = _mistake("_flash_v1_padded_keys",
-                                 ('s = tl.where(col_ok[None, :], s, float("-inf"))', "pass"))
-_flash_v1_unshifted_exp = _mistake("_flash_v1_unshifted_exp",
-                                   ("tl.exp(s - m_tilde[:, None])", "tl.exp(s)"))
-_flash_v1_k_unmasked = _mistake("_flash_v1_k_unmasked", (
-    "k = tl.load(k_base + kv_offs, mask=col_ok[:, None], other=0.0)",
-    "k = tl.load(k_base + kv_offs)"))
+# Each registered wrong answer is the reference with one slip (``kernel_variant``).
+_flash_v1_no_beta = kernel_variant(_flash_v1_solution, ("beta[:, None] * pv", "pv"))
+_flash_v1_no_alpha = kernel_variant(
+    _flash_v1_solution, ("(l_i * alpha)[:, None] * o_i", "l_i[:, None] * o_i"))
+_flash_v1_padded_keys = kernel_variant(
+    _flash_v1_solution, ('s = tl.where(col_ok[None, :], s, float("-inf"))', "pass"))
+_flash_v1_unshifted_exp = kernel_variant(
+    _flash_v1_solution, ("tl.exp(s - m_tilde[:, None])", "tl.exp(s)"))
+_flash_v1_k_unmasked = kernel_variant(
+    _flash_v1_solution, ("k = tl.load(k_base + kv_offs, mask=col_ok[:, None], other=0.0)",
+                         "k = tl.load(k_base + kv_offs)"))
 
 
 def _in_torch(q, k, v):

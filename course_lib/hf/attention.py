@@ -502,7 +502,7 @@ def _decode(query, key, value, lengths, scaling, window, softcap, sinks) -> torc
     queries (the last ones of each sequence's L_b keys, or of N_k), with the variants that
     apply. A window (W - 1, 0) reads only its band of the cache: about W + N_q keys per
     sequence. The variants' keywords are passed only where one applies: a call at the defaults
-    is the plain one, which ``flash_decode`` repeats with no checks from the second layer on."""
+    is the plain one, whose plan every layer of a step shares."""
     variants = {}
     if window != NO_WINDOW:
         variants["window_size"] = window

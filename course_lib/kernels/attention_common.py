@@ -20,7 +20,8 @@ and its launcher.
 * ``launch``: a config from the kernel's table, or an autotuner's pick for long sequences,
   and the launch bound for repeating it (``course_lib._launch.bind``);
 * ``_bwd_preprocess_kernel``: the backward's first step, delta = rowsum(dO ∘ O) and the lse in
-  base 2 (``flash_bwd.py`` and the variants' ``flash_variants_bwd.py``).
+  base 2 (``flash_bwd.py`` and the variants' ``flash_variants_bwd.py``);
+* ``LOG2E``, ``LN2``: the change of base, for every kernel file.
 """
 from __future__ import annotations
 
@@ -36,6 +37,10 @@ from course_lib._launch import bind
 from course_lib._launch import launch as fast_launch
 
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis, which carries batch x heads
+# log2(e) and ln(2), the kernels' change of base (exp2 and log2 are one instruction each). A
+# tl.constexpr global is what @triton.jit code may read; host code takes ``LOG2E.value``.
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -111,7 +116,7 @@ def _epilogue(acc, m_i, l_i):
     """Deferred normalisation: O = acc / l once; lse = ln(Σ e^s) = (m + log2 l)·ln 2."""
     empty = l_i == 0.0  # rows that saw no key
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_i)) * 0.6931471805599453)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_i)) * LN2)
     return o, lse
 
 
@@ -166,15 +171,13 @@ def _bwd_preprocess_kernel(O, DO, LSE, Delta, LSE2, N_Q, H, stride_b, stride_h, 
     delta = tl.sum(o * do, axis=1)  # (BLOCK_M,)
     row = pid_bh.to(tl.int64) * N_Q + offs_m
     lse = tl.load(LSE + row, mask=mask_m, other=0.0).to(acc_ty)
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
     tl.store(Delta + row, delta, mask=mask_m)
     tl.store(LSE2 + row, lse2, mask=mask_m)
 
 
 def cdiv(a: int, b: int) -> int:
-    """``triton.cdiv`` for host code: the same arithmetic without its per-call wrapper, which
-    costs about 2 µs on the host (course_lib/data/perf_notes.md, "One launch per step, bound
-    launches, configs by the work"; a launch's host time is a budget of a few tens)."""
+    """``triton.cdiv`` for host code, without its per-call wrapper (about 2 µs of host time)."""
     return -(-a // b)
 
 
@@ -247,19 +250,6 @@ def launch(kernel, grid_of, args, meta, config, tuned=None, prepare=None, free: 
     return None
 
 
-def keep(memo: dict, key, value, limit: int) -> None:
-    """``memo[key] = value`` in a dict of calls remembered by their signature, started over when
-    it holds ``limit`` entries: a cache that grows by a token per step makes a new signature at
-    every step, and the dict must not grow with it.
-
-    The memo helper of the remembered calls (``ops.attention._FAST``, ``ops.decode._REPEATS``);
-    unrelated to the config filters named ``keep_*config*`` in the kernel files, which choose
-    the configs a kernel may run."""
-    if len(memo) >= limit:
-        memo.clear()
-    memo[key] = value
-
-
 def aligned(*tensors) -> bool:
     """Whether every address is 16-byte aligned, as a bound launch's compiled kernel assumes."""
     return not any(t.data_ptr() & 15 for t in tensors)
@@ -268,13 +258,10 @@ def aligned(*tensors) -> bool:
 def interpreter_errstate():
     """NumPy's floating-point warnings off while the Triton interpreter runs a kernel of ours.
 
-    The interpreter computes with NumPy on every lane, the branch ``tl.where`` discards
-    included, and NumPy warns (a red box in a notebook) about values the kernel computes on
-    purpose and then drops. Expected here: in ``_epilogue``, log2(0) = -inf for the rows that
-    see no key (bottom-right causal with N_q > N_k: l = 0, and their lse is -inf by design);
-    in the backward (flash_bwd.py), exp2 overflowing to inf in the scores past the causal
-    diagonal before ``tl.where`` sets them to 0 (large ``sm_scale``). What the kernels return
-    does not change; on a GPU nothing is computed by NumPy, so this is a no-op there.
+    The interpreter computes every lane with NumPy, the branch ``tl.where`` discards included,
+    and NumPy warns about values the kernel computes on purpose and then drops: log2(0) = -inf
+    in ``_epilogue`` for a row that sees no key, exp2 overflowing to inf in the backward's
+    scores outside the mask. A no-op on a GPU.
     """
     if INTERPRET:
         return np.errstate(divide="ignore", invalid="ignore", over="ignore")
@@ -298,32 +285,6 @@ def empty_output(q, empty=None):
     if q.stride() == (N_Q * H * D, D, H * D, 1) and H > 1 and N_Q > 1:
         return empty((B, N_Q, H, D), device=q.device, dtype=q.dtype).transpose(1, 2)
     return empty((B, H, N_Q, D), device=q.device, dtype=q.dtype)
-
-
-class OutputLike:
-    """``empty_output``'s choice for one call, remembered: ``self(empty, q)`` allocates another
-    O with the shape, dtype, device and layout of ``o``, for a call shaped like that one, without
-    reading its q again (a call that repeats a bound launch: ``ops``' ``_Repeat``, ``_FastCall``).
-    Where ``torch.empty_like(q)`` gives that O (a dense q: O takes its strides), it is used: it
-    parses no shape, dtype or device, a microsecond or two of host time per call. ``empty``
-    (the tests' poisoned allocator) is honoured when given."""
-
-    __slots__ = ("shape", "transposed", "dtype", "device", "like")
-
-    def __init__(self, o, q=None):
-        self.transposed = not o.is_contiguous()  # the (B, N_q, H, D) layout seen transposed
-        self.shape = tuple(o.transpose(1, 2).shape if self.transposed else o.shape)
-        self.dtype, self.device = o.dtype, o.device
-        probe = None if q is None else torch.empty_like(q)  # once per remembered call
-        self.like = probe is not None and (probe.shape, probe.stride(), probe.dtype,
-                                           probe.device) == (o.shape, o.stride(), o.dtype,
-                                                             o.device)
-
-    def __call__(self, empty=None, q=None):
-        if self.like and empty is None:
-            return torch.empty_like(q)  # the remembered call's layout: its key holds q's strides
-        o = (empty or torch.empty)(self.shape, device=self.device, dtype=self.dtype)
-        return o.transpose(1, 2) if self.transposed else o
 
 
 def call_key(q, k, v, sm_scale) -> tuple:

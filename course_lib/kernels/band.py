@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from course_lib._device import INTERPRET
+from course_lib.kernels.attention_common import LOG2E
 
 
 @triton.jit
@@ -66,7 +67,7 @@ def _tanh(x, FAST: tl.constexpr = False):
         return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x],
                                          dtype=tl.float32, is_pure=True, pack=1)
     else:
-        return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)  # 2·log2(e)
+        return 1.0 - 2.0 / (tl.math.exp2(x * (2 * LOG2E)) + 1.0)
 
 
 @triton.jit
@@ -90,7 +91,7 @@ def _join_sink(acc, m_i, l_i, sink):
     of the denominator, e^{sink}, with no value: (acc, m, l) of the online softmax (exp2 domain)
     after the last key block. A row that saw no key (m = −inf) ends with acc = 0, m = the sink
     and l = 1: O = 0, lse = the sink."""
-    sink = sink * 1.4426950408889634  # the exp2 domain
+    sink = sink * LOG2E  # the exp2 domain
     m_new = tl.maximum(m_i, sink)
     alpha = tl.math.exp2(m_i - m_new)  # a row that saw no key: m_i = −inf, α = 0
     l_i = l_i * alpha + tl.math.exp2(sink - m_new)

@@ -60,10 +60,9 @@ from course_lib._launch import bind as bind_launch
 from course_lib._launch import launch
 from course_lib.hardware import bandwidth_per_sm
 from course_lib.hardware import sm_count as _sm_count
-from course_lib.kernels.attention_common import _tile_mask, cdiv, next_pow2
+from course_lib.kernels.attention_common import LN2, LOG2E, _tile_mask, cdiv, next_pow2
 from course_lib.kernels.band import _band_bounds, _join_sink, _variant_scores
 from course_lib.kernels.decode_merge import _decode_merge_kernel, _merge_row
-from course_lib.reference import LOG2E
 
 MAX_SPLITS = 256
 PROGRAMS_PER_SM = 1  # the split count's aim: one wave of one program per SM (choose_num_splits)
@@ -229,7 +228,7 @@ def _decode_split_kernel(
     has_keys = l_i > 0.0
     l_safe = tl.where(has_keys, l_i, 1.0)
     o = acc / l_safe[:, None]
-    lse = tl.where(has_keys, (m_i + tl.math.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    lse = tl.where(has_keys, (m_i + tl.math.log2(l_safe)) * LN2, float("-inf"))
     if NUM_SPLITS == 1:  # the only split: its result is the answer, no merge
         out_ptrs = (OUT + b.to(tl.int64) * stride_ob + head[:, None] * stride_oh
                     + qi[:, None] * stride_om + offs_d[None, :])
@@ -373,9 +372,6 @@ class SplitPlan:
     o_part: torch.Tensor | None  # None with one split (no scratch)
     lse_part: torch.Tensor | None
     arrived: torch.Tensor | None
-    # (signature, launch): the split kernel of the last eager call, bound to all but addresses
-    bound: tuple | None = None
-    lse_scratch: torch.Tensor | None = None  # the lse of eager calls that do not return it
     interleaved: bool = False  # tiles dealt to the splits round-robin (``make_plan``)
     window: tuple = (-1, 0)  # the variants' (left, 0), and softcap (0.0: none): ``make_plan``
     softcap: float = 0.0
@@ -476,7 +472,7 @@ def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, ou
                q, k, v, seqlens if has_seqlens else q, block_table if plan.paged else q,
                out, lse, skb, skh, skn, svb, svh, svn, plan.n_max if n_max is None else n_max,
                *(tensors or (q, q)), o_part, lse_part, arrived, sq[0], sq[1], sq[2], stride_bt,
-               so[0], so[1], so[2], sm_scale * LOG2E, H, plan.num_blocks, sm_scale,
+               so[0], so[1], so[2], sm_scale * LOG2E.value, H, plan.num_blocks, sm_scale,
                plan.softcap or 1.0, plan.window[0],
                H if alibi_slopes is not None and alibi_slopes.ndim == 2 else 0,
                N_Q=N_q, GROUP=H // plan.H_kv, NUM_SPLITS=S, HEAD_DIM=D,

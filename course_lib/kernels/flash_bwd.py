@@ -58,6 +58,7 @@ import triton.language as tl
 from course_lib._device import INTERPRET, refuse_bf16_in_interpreter
 from course_lib.kernels.attention_common import (
     AUTOTUNE_MIN_N,
+    LOG2E,
     _bwd_preprocess_kernel,
     _load_tile,
     _q_block_program,
@@ -66,7 +67,6 @@ from course_lib.kernels.attention_common import (
     head_dim_pad,
     interpreter_errstate,
 )
-from course_lib.reference import LOG2E
 
 # 1. Preprocess: ``attention_common._bwd_preprocess_kernel`` (shared with the variants' backward)
 
@@ -431,15 +431,12 @@ def flash_attn_v2_backward(do, q, k, v, o, lse, causal, sm_scale, config: BwdCon
     lse = lse.contiguous()
     delta = torch.empty((B, H, N_q), dtype=acc_dtype, device=q.device)
     lse2 = torch.empty_like(delta)
-    # The interpreter evaluates every lane with NumPy, also those tl.where then drops: with a
-    # large sm_scale, exp2 of the scores past the causal diagonal overflows to inf before
-    # they are set to 0. Expected, not an error (interpreter_errstate; a no-op on a GPU).
-    with interpreter_errstate():
+    with interpreter_errstate():  # exp2 of scores past the diagonal may overflow before tl.where
         _bwd_preprocess_kernel[(triton.cdiv(N_q, cfg.block_pre), B * H)](
             o, do, lse, delta, lse2, N_q, H, H * N_q, N_q, 1,  # strides in rows of D
             HEAD_DIM=D, BLOCK_M=cfg.block_pre)
 
-        qk_scale = sm_scale * LOG2E
+        qk_scale = sm_scale * LOG2E.value
         meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype)}
         if splits == 1:
             dk = torch.empty_like(k)

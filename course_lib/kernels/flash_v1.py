@@ -50,7 +50,7 @@ import triton
 import triton.language as tl
 
 from course_lib._device import INTERPRET
-from course_lib.reference import LOG2E
+from course_lib.kernels.attention_common import LOG2E
 from course_lib.validate import POW2_HEAD_DIMS, check_attention_inputs, check_sm_scale
 
 
@@ -224,7 +224,7 @@ def _flash_attn_v1_forward(q, k, v, causal, sm_scale, block_m=None, block_n=None
         _flash_fwd_v1_kernel[grid](
             q, k, v, out, o_acc, l_buf, m_buf,
             *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-            H, H // H_kv, N_q, N_k, sm_scale * LOG2E,
+            H, H // H_kv, N_q, N_k, sm_scale * LOG2E.value,
             HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
             # fp32 inputs get exact fp32 dots: TF32 would fail the 2x error rule
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",

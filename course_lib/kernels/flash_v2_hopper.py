@@ -50,6 +50,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from course_lib.kernels.attention_common import (
+    LOG2E,
     ROWSUM_COLS,
     _causal_bounds,
     _epilogue,
@@ -64,7 +65,6 @@ from course_lib.kernels.attention_common import (
     launch,
     next_pow2,
 )
-from course_lib.reference import LOG2E
 
 
 @triton.jit
@@ -227,13 +227,12 @@ HOPPER_CONFIGS = [
     _cfg(64, 64, 4, 2, False, False, True), _cfg(64, 64, 4, 3, True, False, True),
 ]
 # Which config each head dim runs, as (BLOCK_M, BLOCK_N, warps, stages, Q_IN_REGS, ROWSUM_MMA,
-# PINNED_MAX): one per head dim, causal or not, chosen by paired measurements (every round SDPA
-# FLASH, each config, FLASH again; course_lib/data/hopper_tiles.json, hopper_rowsum.json,
-# hopper_pinned.json): the best or within the runs' spread of the best at every shape measured
-# (notebook 09's case study prints where it is not first). No autotuner: ``hopper_config`` looks
-# the config up, and the other candidates live on for the tile benchmark. Why each: D 64, 128 x 64
-# tiles, two programs per SM; D 128, 64 x 64 tiles, two programs per SM overlapping one's softmax
-# with the other's MMAs, row sums on the tensor cores; D 256, the only tiles that fit.
+# PINNED_MAX), causal or not: the best, or within the runs' spread of the best, at every shape
+# measured (course_lib/data/hopper_tiles.json, hopper_rowsum.json, hopper_pinned.json; the other
+# candidates serve the tile benchmark). D 64: 128 x 64 tiles, two programs per SM. D 128: 64 x 64,
+# two programs per SM overlapping one's softmax with the other's MMAs, row sums on the tensor
+# cores. D 256: 64 x 64 with 2 stages, what fits the 227 KB a block may use (a 32 KB Q tile and
+# 2 stages of 32 KB K and V tiles).
 _HOPPER_KEEP = {
     64: [(128, 64, 4, 3, True, False, True)],
     128: [(64, 64, 4, 3, True, True, True)],
@@ -252,16 +251,9 @@ def _head_dim_class(d: int) -> int:
 
 
 def keep_hopper_config(configs, named_args, **kwargs):
-    """The configs ``_HOPPER_KEEP`` lists for this head dim among ``configs``, in its order (the
-    last config if none is there): the kernel's config table, read by ``hopper_config``.
-
-    HEAD_DIM <= 64 selects 128 x 64 tiles (128-wide key tiles were slower at D 64), HEAD_DIM
-    128 64 x 64 tiles (two programs per SM), HEAD_DIM 256 64 x 64 tiles with 2 stages (Q tile
-    32 KB + 2 stages of K and V tiles of 32 KB each: what fits the 227 KB a block may use).
-    Causal or not, the same, except causal at D 64 with at most ``SHORT_CAUSAL_N`` keys
-    (``N_BUCKET``): 64 x 64. A config filter, like ``flash_v2.keep_config_for_head_dim``; not
-    ``attention_common.keep``, the memo helper of remembered calls.
-    """
+    """Config filter: the configs ``_HOPPER_KEEP`` lists for this head dim among ``configs``, in
+    its order (the last config if none is there); causal at D 64 with at most ``SHORT_CAUSAL_N``
+    keys (``N_BUCKET``), those of ``_HOPPER_KEEP_SHORT_CAUSAL``."""
     d = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
     wanted = _HOPPER_KEEP[_head_dim_class(d)]
     short = named_args.get("N_BUCKET", SHORT_CAUSAL_N + 1) <= SHORT_CAUSAL_N
@@ -337,7 +329,7 @@ def forward_hopper(q, k, v, causal, sm_scale, out=None, store_lse=True, bind=Fal
     # block shapes are placeholders: ``_set_block_shapes`` below sets them for the config
     descs = [_descriptor(t, 16) for t in (q, k, v, o)]
     named = dict(zip(("desc_q", "desc_k", "desc_v", "desc_o"), descs), HEAD_DIM=D)
-    args = (*descs, lse_arg, sm_scale * LOG2E, 1.0, H, H // H_KV, N_Q, N_K,
+    args = (*descs, lse_arg, sm_scale * LOG2E.value, 1.0, H, H // H_KV, N_Q, N_K,
             next_pow2(max(N_Q, N_K)))
     meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype),
             "STORE_LSE": bool(store_lse)}

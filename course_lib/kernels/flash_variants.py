@@ -44,6 +44,7 @@ import triton.language as tl
 
 from course_lib.kernels.attention_common import (
     AUTOTUNE_MIN_N,
+    LOG2E,
     _epilogue,
     _load_tile,
     _online_softmax_step,
@@ -64,6 +65,7 @@ from course_lib.kernels.band import (  # noqa: F401 (re-exported: lesson 15 prin
     _variant_scores,
 )
 from course_lib.kernels.flash_v2 import PORTABLE_CONFIGS, _cfg, keep_config_for_head_dim
+from course_lib.validate import Variant
 
 
 @triton.jit
@@ -84,7 +86,7 @@ def _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs
         # the band (masked tiles only): p − left <= j <= p + right and j < N_K
         valid = (offs_n[None, :] >= j_lo[:, None]) & (offs_n[None, :] <= j_hi[:, None])
         p_tile, m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc, valid,
-                                                     sm_scale * 1.4426950408889634, MASKED)
+                                                     sm_scale * LOG2E, MASKED)
         v = _load_tile(v_ptrs, rows_ok, d_ok, MASKED, PAD_D)
         acc = tl.dot(p_tile.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
     return acc, m_i, l_i
@@ -159,10 +161,9 @@ def _flash_fwd_variants_kernel(
         tl.store(lse_base + offs_m, lse, mask=offs_m < N_Q)
 
 
-# 128 x 64 with 8 warps first (the config of sequences too short to autotune), then the portable
-# kernel's tiles: at B 2, H 16, N 16k, D 128, bf16 on an H100 it ran causal at 506 TFLOP/s
-# against 267 with 4 warps and 447 for 64 x 64 (fixed configs, 3 rounds in turns,
-# perf_notes.md), and the window of 1024 at 340, level with 64 x 64's 339.
+# 128 x 64 with 8 warps first (the config of sequences too short to autotune: the fastest fixed
+# config, causal and window 1024, at B 2, H 16, N 16k, D 128, bf16 on an H100; perf_notes.md),
+# then the portable kernel's tiles.
 VARIANT_CONFIGS = [_cfg(128, 64, 8, 3), *PORTABLE_CONFIGS]
 
 _variants_tuned = triton.autotune(
@@ -173,10 +174,10 @@ _variants_tuned = triton.autotune(
 )(_flash_fwd_variants_kernel)
 
 
-def _launch(q, k, v, o, lse, sm_scale, window, softcap, alibi_slopes, sinks, cu, B, H_KV,
-            N_Q, N_K, strides, lse_strides):
+def _launch(q, k, v, o, lse, sm_scale, variant, cu, B, H_KV, N_Q, N_K, strides, lse_strides):
     """One launch of the kernel: ``strides`` of q, k, v, o as (batch, head, row) each."""
     H, D = q.shape[-2] if cu else q.shape[1], q.shape[-1]
+    window, softcap, alibi_slopes, sinks = variant
     lse_arg = o if lse is None else lse  # (never written without STORE_LSE)
     alibi_b = alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.ndim == 2 else 0
     args = (q, k, v, o, lse_arg, alibi_slopes if alibi_slopes is not None else lse_arg,
@@ -192,23 +193,21 @@ def _launch(q, k, v, o, lse, sm_scale, window, softcap, alibi_slopes, sinks, cu,
            _variants_tuned if args[-1] >= AUTOTUNE_MIN_N else None)
 
 
-def forward_variants(q, k, v, sm_scale: float, window: tuple[int, int], softcap: float,
-                     alibi_slopes=None, sinks=None, out=None, store_lse=True):
-    """(o, lse) of validated inputs (``course_lib.validate.check_variants``: ``window``
-    normalised, causal included as right = 0; ``softcap`` 0.0 for none). q (B, H, N_q, D); k, v
-    (B, H_kv, N_k, D); ``alibi_slopes`` (H,) or (B, H) and ``sinks`` (H,) fp32, or None."""
+def forward_variants(q, k, v, sm_scale: float, variant: Variant, out=None, store_lse=True):
+    """(o, lse) of validated inputs: q (B, H, N_q, D); k, v (B, H_kv, N_k, D); ``variant``
+    checked (``course_lib.validate.check_variants``: the window normalised, causal included as
+    right = 0). ``out``: preallocated (o, lse); lse is None without ``store_lse``."""
     B, H, N_Q, D = q.shape
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     o, lse = allocate_outputs(q, out, store_lse)
     strides = tuple(x for t in (q, k, v, o) for x in t.stride()[:3])
-    _launch(q, k, v, o, lse, sm_scale, window, softcap, alibi_slopes, sinks, None, B, k.shape[1],
-            N_Q, k.shape[2], strides, (H * N_Q, N_Q))
+    _launch(q, k, v, o, lse, sm_scale, variant, None, B, k.shape[1], N_Q, k.shape[2], strides,
+            (H * N_Q, N_Q))
     return o, lse
 
 
 def forward_variants_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
-                            max_seqlen_k: int, sm_scale: float, window: tuple[int, int],
-                            softcap: float, alibi_slopes=None, sinks=None, out=None):
+                            max_seqlen_k: int, sm_scale: float, variant: Variant, out=None):
     """Packed sequences (FlashAttention's varlen layout): q (total_q, H, D), k and v (total_k,
     H_kv, D), ``cu_seqlens_*`` int32 (B + 1,) on q's device, each sequence aligned bottom-right
     on its own. Returns o (total_q, H, D) and lse (H, total_q). ``out``: preallocated (o, lse)."""
@@ -221,7 +220,6 @@ def forward_variants_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: i
     o, lse = out
     # (batch, head, row) strides: no batch stride, rows start at cu_seqlens[b]
     strides = tuple(x for t in (q, k, v, o) for x in (0, t.stride(1), t.stride(0)))
-    _launch(q, k, v, o, lse, sm_scale, window, softcap, alibi_slopes, sinks,
-            (cu_seqlens_q, cu_seqlens_k), B, k.shape[1], int(max_seqlen_q), int(max_seqlen_k),
-            strides, (0, lse.stride(0)))
+    _launch(q, k, v, o, lse, sm_scale, variant, (cu_seqlens_q, cu_seqlens_k), B, k.shape[1],
+            int(max_seqlen_q), int(max_seqlen_k), strides, (0, lse.stride(0)))
     return o, lse

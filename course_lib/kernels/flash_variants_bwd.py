@@ -52,6 +52,7 @@ import triton.language as tl
 from course_lib._device import INTERPRET, refuse_bf16_in_interpreter
 from course_lib.kernels.attention_common import (
     AUTOTUNE_MIN_N,
+    LOG2E,
     _bwd_preprocess_kernel,
     _load_tile,
     _q_block_program,
@@ -68,6 +69,7 @@ from course_lib.kernels.flash_bwd import (
     default_config,
     keep_bwd_config_for_head_dim,
 )
+from course_lib.validate import Variant
 
 
 @triton.jit
@@ -122,7 +124,7 @@ def _dkdv_rows(dk, dv, k, v, Q, DO, LSE2, Delta, stride_qm, offs_n, lo, hi, N_Q,
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     dT_ok, d_ok = offs_d[:, None] < HEAD_DIM, offs_d[None, :] < HEAD_DIM
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = sm_scale * LOG2E
     row = stride_qm * HEAD_DIM  # elements from one row to the next
     for start_m in range(lo, hi, BLOCK_M):
         offs_i = tl.arange(0, BLOCK_M)
@@ -235,7 +237,7 @@ def _dq_keys(dq, q, do, lse2, delta, K, V, stride_kn, offs_m, lo, hi, N_K, q_off
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     dT_ok = offs_d[:, None] < HEAD_DIM
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = sm_scale * LOG2E
     row = stride_kn * HEAD_DIM  # elements from one key to the next
     for start_n in range(lo, hi, BLOCK_N):
         offs_j = tl.arange(0, BLOCK_N)
@@ -322,14 +324,14 @@ _dq_tuned = triton.autotune(
 )(_bwd_dq_variants_kernel)
 
 
-def _backward(do, q, k, v, o, lse, sm_scale, window, softcap, alibi_slopes, sinks, cu, N_q, N_k,
-              config, splits):
+def _backward(do, q, k, v, o, lse, sm_scale, variant, cu, N_q, N_k, config, splits):
     """q, o, do (B, H, N_q, D) and k, v (B, H_kv, N_k, D); with ``cu`` (cu_seqlens_q, _k)
     packed instead: q, o, do (total_q, H, D), k, v (total_k, H_kv, D), one "batch" of every
     sequence whose programs find their rows from cu_seqlens. The kernels read the tensors, and
     write dq, dk, dv, in that layout, contiguous (a tensor that is not contiguous is copied into
     it first)."""
     D = q.shape[-1]
+    window, softcap, alibi_slopes, sinks = variant
     q, k, v, o = (t.contiguous() for t in (q, k, v, o))
     do = do.to(q.dtype).contiguous()
     # (batch, head, row) strides in rows of D, of q, o, do, dq and of k, v, dk, dv; and the rows
@@ -403,25 +405,23 @@ def _backward(do, q, k, v, o, lse, sm_scale, window, softcap, alibi_slopes, sink
     return dq, dk, dv, dsinks
 
 
-def backward_variants(do, q, k, v, o, lse, sm_scale: float, window: tuple[int, int],
-                      softcap: float, alibi_slopes=None, sinks=None,
+def backward_variants(do, q, k, v, o, lse, sm_scale: float, variant: Variant,
                       config: BwdConfig | None = None, splits: int | None = None):
     """Gradients (dq, dk, dv, dsinks) of ``forward_variants`` for ``dO = do`` (dsinks None
     without sinks). q, o, do (B, H, N_q, D); k, v (B, H_kv, N_k, D); lse (B, H, N_q) natural
-    log, the forward's (with the sink). ``window`` normalised (``validate.check_variants``)."""
-    return _backward(do, q, k, v, o, lse, sm_scale, window, softcap, alibi_slopes, sinks, None,
-                     q.shape[2], k.shape[2], config, splits)
+    log, the forward's (with the sink); ``variant`` checked (``validate.check_variants``)."""
+    return _backward(do, q, k, v, o, lse, sm_scale, variant, None, q.shape[2], k.shape[2],
+                     config, splits)
 
 
 def backward_variants_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
-                             max_seqlen_k: int, sm_scale: float, window: tuple[int, int],
-                             softcap: float, alibi_slopes=None, sinks=None,
+                             max_seqlen_k: int, sm_scale: float, variant: Variant,
                              config: BwdConfig | None = None):
     """Gradients (dq, dk, dv, dsinks) of ``forward_variants_varlen``: q, o, do (total_q, H, D),
     k, v (total_k, H_kv, D), lse (H, total_q). The kernels read the packed tensors where they
     lie and write dq, dk, dv in the same layout, contiguous: no heads-first copy."""
-    return _backward(do, q, k, v, o, lse, sm_scale, window, softcap, alibi_slopes, sinks,
-                     (cu_seqlens_q, cu_seqlens_k), int(max_seqlen_q), int(max_seqlen_k), config, 1)
+    return _backward(do, q, k, v, o, lse, sm_scale, variant, (cu_seqlens_q, cu_seqlens_k),
+                     int(max_seqlen_q), int(max_seqlen_k), config, 1)
 
 
 __all__ = ["backward_variants", "backward_variants_varlen"]

@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from course_lib.kernels.attention_common import (
+    LOG2E,
     ROWSUM_COLS,
     _epilogue,
     _fresh_state,
@@ -60,6 +61,7 @@ from course_lib.kernels.band import (
     _variant_scores,
 )
 from course_lib.kernels.flash_v2_hopper import _descriptor, _set_block_shapes, tma_ready
+from course_lib.validate import Variant
 
 
 @triton.jit
@@ -70,7 +72,7 @@ def _band_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m, lo, hi, q_offse
     """The key blocks [lo, hi) of one query block. With PINNED, ``m_i`` is the pinned reference
     (log2 domain) and stays; else the running max. With MASKED, keys outside j_lo <= j <= j_hi
     count as −inf. With ROWSUM_MMA, ``l_i`` is (BLOCK_M, ROWSUM_COLS), summed as P @ ones."""
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = sm_scale * LOG2E
     ones = tl.full([BLOCK_N, ROWSUM_COLS], 1.0, q.dtype)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -182,10 +184,9 @@ def _cfg(bm, bn, warps, stages, rowsum_mma=False, pinned_max=True):
                          num_warps=warps, num_stages=stages, pre_hook=_set_block_shapes)
 
 
-# The candidates, as (BLOCK_M, BLOCK_N, warps, stages, ROWSUM_MMA, PINNED_MAX) in ``_KEEP``;
-# the config filter ``keep_variants_hopper_config`` selects the one ``_KEEP`` names per head dim,
-# chosen by timing every candidate in turns (``python -m course_lib.bench variants --tiles``,
-# course_lib/data/variants_hopper_tiles.json).
+# The candidates, as (BLOCK_M, BLOCK_N, warps, stages, ROWSUM_MMA, PINNED_MAX) in ``_KEEP``, which
+# names the one each head dim runs, chosen by timing every candidate in turns (``python -m
+# course_lib.bench variants --tiles``, course_lib/data/variants_hopper_tiles.json).
 VARIANTS_HOPPER_CONFIGS = [
     _cfg(64, 64, 4, 3, True), _cfg(64, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(128, 64, 4, 3),
     _cfg(64, 64, 4, 3, True, False), _cfg(128, 128, 8, 2), _cfg(64, 64, 4, 2),
@@ -206,18 +207,16 @@ def _shape(c):
 
 
 def keep_variants_hopper_config(configs, named_args, **kwargs):
-    """The config ``_KEEP`` names for this head dim among ``configs`` (the last if none): the
-    kernel's config table (no autotuner: the table names one config per head dim). A config
-    filter, like ``flash_v2_hopper.keep_hopper_config``; not ``attention_common.keep``."""
+    """Config filter: the config ``_KEEP`` names for this head dim among ``configs`` (the last if
+    none); no autotuner, the table names one config per head dim."""
     d = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
     wanted = _KEEP[64 if d <= 64 else 128 if d <= 128 else 256]
     kept = [c for c in configs if _shape(c) in wanted]
     return kept or configs[-1:]
 
 
-def forward_variants_hopper(q, k, v, sm_scale: float, window: tuple[int, int], softcap: float,
-                            alibi_slopes=None, sinks=None, out=None, store_lse=True,
-                            config: triton.Config | None = None):
+def forward_variants_hopper(q, k, v, sm_scale: float, variant: Variant, out=None,
+                            store_lse=True, config: triton.Config | None = None):
     """``flash_variants.forward_variants`` with the TMA kernel: the same arguments and
     results. Power-of-two head dims from 16 on (a TMA tile spans the whole head dim).
     ``config``: one of ``VARIANTS_HOPPER_CONFIGS`` to run instead of ``_KEEP``'s (the tile
@@ -227,6 +226,7 @@ def forward_variants_hopper(q, k, v, sm_scale: float, window: tuple[int, int], s
         raise ValueError(f"the Hopper kernel takes power-of-two head dims of 16 or more, got "
                          f"head dim {D} of q; the portable kernel pads any other")
     H_KV, N_K = k.shape[1], k.shape[2]
+    window, softcap, alibi_slopes, sinks = variant
     q, k, v = (tma_ready(t) for t in (q, k, v))
     o, lse = allocate_outputs(q, out, store_lse)
     lse_arg = o if lse is None else lse  # (never written without store_lse)

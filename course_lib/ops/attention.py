@@ -4,8 +4,8 @@ Introduced in notebooks/08_triton_flash_v2.ipynb (the backward in notebooks/10_b
 The kernels live one version per file in ``course_lib.kernels``: the portable forward
 (``flash_v2``), the Hopper forward (``flash_v2_hopper``) and the backward (``flash_bwd``). This
 module validates the inputs, picks the forward for the GPU (``best_impl``), and registers both
-directions with ``torch.library`` as the custom operators ``course::flash_attn_fwd`` and
-``course::flash_attn_bwd``: each has a fake implementation (shapes and dtypes only), so
+directions as the operators ``course::flash_attn_fwd`` and ``course::flash_attn_bwd``
+(``course_lib.ops.library``): each has a fake implementation (shapes and dtypes only), so
 ``torch.compile(fullgraph=True)`` traces through them, and the forward's autograd formula calls
 the backward operator, saving q, k, v, O and the lse (never P). An eager call with no gradient to
 take skips the dispatcher and launches the kernel directly: the same function, less host time.
@@ -20,21 +20,21 @@ into Triton's C launcher.
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from course_lib import _launch
 from course_lib._device import DEVICE
 from course_lib._launch import hooks_installed
 from course_lib.kernels.attention_common import (
     MAX_GRID_Y,
-    OutputLike,
     call_key,
     empty_output,
-    keep,
 )
 from course_lib.kernels.flash_bwd import flash_attn_v2_backward
 from course_lib.kernels.flash_v2 import forward_portable
 from course_lib.kernels.flash_v2_hopper import forward_hopper
 from course_lib.ops.impl import HOPPER_MIN_PAIRS, IMPLS, best_impl  # noqa: F401 (re-exported)
+from course_lib.ops.library import operator
 from course_lib.ops.variants import NO_WINDOW, check_call, flash_attn_variants
 from course_lib.validate import check_attention_inputs, check_sm_scale
 
@@ -77,15 +77,13 @@ def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=N
     key gets O = 0 and lse = −inf (the sink).
     """
     if window_size is not NO_WINDOW or softcap or alibi_slopes is not None or sinks is not None:
-        sm_scale, window, softcap = check_call(q, k, v, causal, sm_scale, window_size, softcap,
-                                               alibi_slopes, sinks)
-        dense = softcap == 0 and alibi_slopes is None and sinks is None
-        if not (dense and window in (NO_WINDOW, (-1, 0))):
+        sm_scale, variant = check_call(q, k, v, causal, sm_scale, window_size, softcap,
+                                       alibi_slopes, sinks)
+        if not (variant.dense and variant.window in (NO_WINDOW, (-1, 0))):
             if impl is not None and impl not in IMPLS:
                 raise ValueError(f"impl must be None or one of {IMPLS}, got {impl!r}")
-            return flash_attn_variants(q, k, v, sm_scale, window, softcap, alibi_slopes, sinks,
-                                       return_lse, impl)
-        causal = window == (-1, 0)  # plain (causal) attention spelt as a window: the dense path
+            return flash_attn_variants(q, k, v, sm_scale, variant, return_lse, impl)
+        causal = variant.window == (-1, 0)  # plain (causal) attention as a window: dense path
     key = None
     if _REMEMBER and not return_lse and not torch.compiler.is_compiling():
         try:
@@ -110,7 +108,7 @@ def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=N
                          "the CUDA grid's limit on the axis that carries them; split the batch")
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if needs_grad or torch.compiler.is_compiling():
-        o, lse = torch.ops.course.flash_attn_fwd(q, k, v, causal, sm_scale, impl or "auto")
+        o, lse = _flash_attn_fwd(q, k, v, causal, sm_scale, impl or "auto")
     elif key is None:  # eager, no autograd: the kernel directly, without the dispatcher's host
         # time (and without the lse when it is not asked for: one store fewer)
         o, lse = _flash_attn_v2_forward(q, k, v, causal, sm_scale, impl, store_lse=return_lse)
@@ -118,21 +116,34 @@ def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=N
         o, lse, again = _FORWARDS[impl or best_impl(q, k, v)](q, k, v, causal, sm_scale,
                                                              store_lse=False, bind=True)
         if again is not None:
-            keep(_FAST, key, _FastCall(again, o, q), 256)
+            if len(_FAST) >= 256:  # shapes that change at every call must not grow it
+                _FAST.clear()
+            _FAST[key] = _FastCall(again, o, q)
     return (o, lse) if return_lse else o
 
 
 class _FastCall:
-    """A remembered call: ``self(q, k, v)`` is O, an allocation laid out as that call's O
-    (``OutputLike``) and the bound launch at the new addresses (lse not stored)."""
+    """A remembered call: ``self(q, k, v)`` is O, a new tensor laid out as that call's O, and
+    the bound launch at the new addresses (lse not stored). Where ``torch.empty_like(q)`` gives
+    that O (a dense q: O takes its strides) it is used: it parses no shape, dtype or device, a
+    microsecond or two of host time per call."""
 
-    __slots__ = ("again", "new_out")
+    __slots__ = ("again", "shape", "transposed", "dtype", "device", "like")
 
     def __init__(self, again, o, q):
-        self.again, self.new_out = again, OutputLike(o, q)
+        self.again = again
+        self.transposed = not o.is_contiguous()  # the (B, N_q, H, D) layout seen transposed
+        self.shape = tuple(o.transpose(1, 2).shape if self.transposed else o.shape)
+        self.dtype, self.device = o.dtype, o.device
+        probe = torch.empty_like(q)  # once per remembered call (the key holds q's strides)
+        self.like = (probe.shape, probe.stride()) == (o.shape, o.stride())
 
     def __call__(self, q, k, v):
-        o = self.new_out(None, q)
+        if self.like:
+            o = torch.empty_like(q)
+        else:
+            o = torch.empty(self.shape, device=self.device, dtype=self.dtype)
+            o = o.transpose(1, 2) if self.transposed else o
         p = o.data_ptr()
         self.again(q.data_ptr(), k.data_ptr(), v.data_ptr(), p, p)
         return o
@@ -145,43 +156,8 @@ _FAST: dict = {}
 
 
 # ---------------------------------------------------------------------------------------------
-# The operators: torch.library custom ops with fake implementations and an autograd formula
+# The operators: typed functions (course_lib.ops.library), the forward with its autograd formula
 # ---------------------------------------------------------------------------------------------
-
-# Defined with torch.library.Library rather than the ``custom_op`` decorator: same schema,
-# fake implementation and autograd, but a call skips ``custom_op``'s Python wrappers (a Dynamo
-# guard and an aliasing check of the outputs on every call), which a compiled prefill pays at
-# every layer (course_lib/data/perf_notes.md, "Masks once per forward"). Our implementations return
-# fresh tensors, which is what that check enforces; tests/test_ops.py runs ``opcheck``.
-_LIB = torch.library.Library("course", "FRAGMENT")
-_LIB.define("flash_attn_fwd(Tensor q, Tensor k, Tensor v, bool causal, float sm_scale, "
-            "str impl) -> (Tensor, Tensor)")
-_LIB.define("flash_attn_bwd(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, "
-            "bool causal, float sm_scale) -> (Tensor, Tensor, Tensor)")
-
-
-def _flash_attn_fwd_op(q, k, v, causal, sm_scale, impl):
-    """(O, lse) of validated inputs; ``impl`` "auto" picks the kernel for these tensors. The
-    kernels take any strides with a unit last one (the launchers copy other inputs), so a
-    transposed view costs no copy here."""
-    return _flash_attn_v2_forward(q, k, v, causal, sm_scale, None if impl == "auto" else impl)
-
-
-def _flash_attn_fwd_fake(q, k, v, causal, sm_scale, impl):
-    B, H, N_q, D = q.shape  # O laid out as the kernel lays it out: as q is
-    return empty_output(q), q.new_empty((B, H, N_q), dtype=torch.float32)
-
-
-def _flash_attn_bwd_op(do, q, k, v, o, lse, causal, sm_scale):
-    """(dq, dk, dv) of ``O = flash_attn_v2(q, k, v)`` for the gradient ``do`` of O."""
-    dq, dk, dv = flash_attn_v2_backward(do, q, k, v, o, lse, causal, sm_scale)
-    return dq, dk, dv
-
-
-def _flash_attn_bwd_fake(do, q, k, v, o, lse, causal, sm_scale):
-    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape))
-
-
 def _setup_context(ctx, inputs, output):
     q, k, v, causal, sm_scale, _impl = inputs
     o, lse = output
@@ -192,14 +168,26 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, do, _dlse):
     q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.course.flash_attn_bwd(do.contiguous(), q, k, v, o, lse, ctx.causal,
-                                                  ctx.sm_scale)
+    dq, dk, dv = _flash_attn_bwd(do.contiguous(), q, k, v, o, lse, ctx.causal, ctx.sm_scale)
     return dq, dk, dv, None, None, None
 
 
-for _name, _impl, _fake in (("flash_attn_fwd", _flash_attn_fwd_op, _flash_attn_fwd_fake),
-                            ("flash_attn_bwd", _flash_attn_bwd_op, _flash_attn_bwd_fake)):
-    _LIB.impl(_name, _impl, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"course::{_name}", _fake, lib=_LIB)
-torch.library.register_autograd("course::flash_attn_fwd", _backward,
-                                setup_context=_setup_context, lib=_LIB)
+def _flash_attn_fwd_fake(q, *_):  # O laid out as the kernels lay it out: as q is
+    return empty_output(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@operator(_flash_attn_fwd_fake, setup_context=_setup_context, backward=_backward)
+def _flash_attn_fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, sm_scale: float,
+                    impl: str) -> tuple[Tensor, Tensor]:
+    """(O, lse) of validated inputs; ``impl`` "auto" picks the kernel for these tensors. The
+    kernels take any strides with a unit last one (the launchers copy other inputs), so a
+    transposed view costs no copy here."""
+    return _flash_attn_v2_forward(q, k, v, causal, sm_scale, None if impl == "auto" else impl)
+
+
+@operator(lambda do, q, k, v, *_: (q.new_empty(q.shape), k.new_empty(k.shape),
+                                   v.new_empty(v.shape)))
+def _flash_attn_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
+                    causal: bool, sm_scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) of ``O = flash_attn_v2(q, k, v)`` for the gradient ``do`` of O."""
+    return flash_attn_v2_backward(do, q, k, v, o, lse, causal, sm_scale)

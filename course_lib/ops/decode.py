@@ -4,54 +4,50 @@ Introduced in notebooks/12_flash_decoding.ipynb (``flash_decode``, and the secti
 overhead: ``plan_decode``) and notebooks/13_paged_attention.ipynb (``paged_decode``). The
 kernels and their launch plan are in ``course_lib.kernels.decode``.
 
-Three ways to call the same kernels (the split kernel, which also merges the splits when
-called eagerly, and the merge kernel used inside CUDA-graph captures: ``kernels.decode.MERGES``):
+One mechanism serves every call: a ``DecodePlan``, in the manner of FlashInfer's
+``plan()``/``run()``. A plan fixes the split count, the launch config and the scratch buffers
+for one batch shape, and launches a step: the first time through Triton, bound
+(``course_lib._launch.bind``), then, while only addresses, the cache's strides and its length
+change (within their specialization classes), as one call into Triton's C launcher per kernel.
 
-* ``flash_decode(q, k_cache, v_cache, cache_seqlens)`` and ``paged_decode(...)``: the functions
-  (the names and arguments of FlashAttention's ``flash_attn_with_kvcache``, its variants'
-  keywords included: ``window_size``, ``softcap``, ``alibi_slopes``, and GPT-OSS's ``sinks``,
-  notebooks/15_attention_variants.ipynb; the decode is causal, so the window's right is 0).
-  They always check shapes, dtypes and devices. The values of the lengths and of the block
-  ids in use are checked where reading them costs nothing (``validate=None``, the default: on
-  the CPU, outside torch.compile), always with ``validate=True`` (on a GPU a device→host read:
-  one synchronisation; refused under torch.compile and in a CUDA-graph capture) and never with
-  ``validate=False``; a bad value is then a ``ValueError`` that names the argument. So the
-  default call on a GPU makes no synchronisation, and there a value nothing checked is clamped
-  by the kernel: a length into the cache, a block id into the pool. The output is then wrong,
-  but nothing is read outside memory (``flash_decode`` and ``paged_decode`` say what each
-  clamp gives).
-  Called eagerly, the split buffers (and the lse, unless it is returned) are kept per shape and
-  stream and reused; the output is new each call. A call with the default ``num_splits``,
-  ``config`` and ``return_lse`` and ``validate`` None or False, shaped like an earlier one
-  (shapes, strides, dtypes, devices, scale; the variants' values, their tensors' layouts and
-  addresses), repeats that call's checked, bound launch (``_Repeat``): a model's layers, after
-  the first of a step, make such calls. On the CPU, with ``validate=None``, such a repeat
-  still checks the lengths' values first.
-* ``torch.ops.course.flash_decode`` and ``torch.ops.course.paged_decode``: the same, as
-  ``torch.library`` custom operators with fake implementations. The functions go through them
-  when ``torch.compile`` traces, so a compiled decode step keeps the kernels in its graph (and
-  in its CUDA graph with ``mode="reduce-overhead"``).
 * ``plan = plan_decode(q, k_cache, v_cache)``, then ``plan.run(q, k_cache, v_cache,
-  cache_seqlens)`` at every step, in the manner of FlashInfer's ``plan()``/``run()``: the plan
-  checks the inputs once and fixes the split count, the launch config and every buffer; ``run``
-  only launches into the plan's buffers, which is what a CUDA graph captures. From the second
-  step on, a step with the same cache tensors repeats the launches bound by the first
-  (``course_lib._launch.bind``): one call into Triton's C launcher per kernel. The variants are
-  the plan's: ``plan_decode(..., window_size=, softcap=, alibi_slopes=, sinks=)``. ``run``
-  checks the lengths and block ids as the functions do (``validate``): at every step on the
-  CPU, never by default on a GPU.
+  cache_seqlens)`` at every step: the checks once, and ``run`` writes into the plan's own
+  output, which is what a CUDA graph captures. The variants are the plan's
+  (``plan_decode(..., window_size=, softcap=, alibi_slopes=, sinks=)``).
+* ``flash_decode(q, k_cache, v_cache, cache_seqlens)`` and ``paged_decode(...)``: the
+  functions (the names and arguments of FlashAttention's ``flash_attn_with_kvcache``, its
+  variants' keywords included: ``window_size``, ``softcap``, ``alibi_slopes``, and GPT-OSS's
+  ``sinks``, notebooks/15_attention_variants.ipynb; the decode is causal, so the window's right
+  is 0). A call runs the plan kept for its arguments' layout (``_plan_key``: shapes, strides,
+  dtypes, devices, scale, variants, stream; a cache that grows by a token per step keeps its
+  plan for a while), with a new output each call; a call with no plan yet checks shapes,
+  dtypes and devices first, and makes one.
+* ``torch.ops.course.flash_decode`` and ``torch.ops.course.paged_decode``: the same, as
+  ``torch.library`` operators with fake implementations (``course_lib.ops.library``). The
+  functions go through them when ``torch.compile`` traces, so a compiled decode step keeps the
+  kernels in its graph (and in its CUDA graph with ``mode="reduce-overhead"``).
+
+The values of the lengths and of the block ids in use are checked where reading them costs
+nothing (``validate=None``, the default: on the CPU, outside torch.compile), always with
+``validate=True`` (on a GPU a device→host read: one synchronisation; refused under
+torch.compile and in a CUDA-graph capture) and never with ``validate=False``; a bad value is
+then a ``ValueError`` that names the argument. So the default call on a GPU makes no
+synchronisation, and there a value nothing checked is clamped by the kernel: a length into the
+cache, a block id into the pool. The output is then wrong, but nothing is read outside memory
+(``flash_decode`` and ``paged_decode`` say what each clamp gives).
 """
 from __future__ import annotations
 
-import collections
-
 import torch
+from torch import Tensor
 
 from course_lib._device import DEVICE
 from course_lib._launch import hooks_installed, int_classes
 from course_lib.kernels import decode as kd
-from course_lib.kernels.attention_common import OutputLike, call_key, empty_output, keep
+from course_lib.kernels.attention_common import empty_output
+from course_lib.ops.library import operator
 from course_lib.validate import (
+    Variant,
     check_attention_inputs,
     check_block_table,
     check_int_vector,
@@ -59,6 +55,8 @@ from course_lib.validate import (
     check_tensor,
     check_variants,
 )
+
+NO_WINDOW = (-1, -1)  # the default window: a call that passes this very object has none
 
 # ---------------------------------------------------------------------------------------------
 # checks of the arguments (shapes, dtypes, devices; the values where ``validate`` says)
@@ -178,67 +176,20 @@ def _int32(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.int32 and t.stride(-1) == 1 else t.to(torch.int32).contiguous()
 
 
-# The variants' defaults: a call that passes these very objects is plain attention, known as such
-# without a check (the repeated calls of ``flash_decode``).
-FULL_WINDOW, NO_CAP = (-1, -1), 0.0
-_PLAIN = ((-1, 0), 0.0, None, None)  # (window, softcap, alibi_slopes, sinks) of plain attention
-
-
-def _variants(q, window_size, softcap, alibi_slopes, sinks):
-    """The variants of a decode call, checked (``validate.check_variants``, causal: the window's
-    right is 0): (window, softcap, alibi_slopes, sinks), the tensors contiguous, or None for plain
-    attention (every keyword at its default, or one that changes nothing)."""
-    if window_size is FULL_WINDOW and softcap is NO_CAP and alibi_slopes is None and sinks is None:
-        return None  # the defaults themselves: nothing to check (a plain call's host time)
-    window, softcap = check_variants(q, True, window_size, softcap, alibi_slopes, sinks)
-    if window[0] < 0 and softcap == 0.0 and alibi_slopes is None and sinks is None:
+def _variant(q, window_size, softcap, alibi_slopes, sinks) -> Variant | None:
+    """The variants of a decode call, checked (``validate.check_variants``; causal: the window's
+    right is 0), the tensors contiguous; None for plain attention."""
+    variant = check_variants(q, True, window_size, softcap, alibi_slopes, sinks)
+    if variant.window[0] < 0 and variant.dense:
         return None
-    return (window, softcap, *(None if t is None else t.contiguous()
-                               for t in (alibi_slopes, sinks)))
-
-
-def _variants_key(window_size, softcap, alibi_slopes, sinks):
-    """What the variants' checks and launch read of their arguments (None at the defaults):
-    values with their types, as ``call_key`` holds the scale's; the tensors' layouts and addresses.
-    TypeError or AttributeError for what is no pair or tensor."""
-    if window_size is FULL_WINDOW and softcap is NO_CAP and alibi_slopes is None and sinks is None:
-        return None
-    return (type(window_size), *((type(w), w) for w in window_size), type(softcap), softcap,
-            *(None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device())
-              for t in (alibi_slopes, sinks)))
-
-
-def _op_variants(variants) -> tuple:
-    """The operators' variant arguments: (window_left, softcap, alibi_slopes, sinks)."""
-    window, softcap, alibi_slopes, sinks = variants or _PLAIN
-    return window[0], softcap, alibi_slopes, sinks
-
-
-# ---------------------------------------------------------------------------------------------
-# the shared launch path: the split buffers reused per shape and stream, a new output per call
-# ---------------------------------------------------------------------------------------------
-
-class _PlanCache(collections.OrderedDict):
-    """The eager calls' plans, least recently made first. A plan forgotten (evicted, or all of
-    them cleared) takes the repeated launches (``_REPEATS``) with it: a repeat never outlives
-    its plan's place here."""
-
-    def clear(self):
-        super().clear()
-        _REPEATS.clear()
-
-    def popitem(self, last=True):
-        _REPEATS.clear()
-        return super().popitem(last)
-
-
-_PLANS: _PlanCache = _PlanCache()
-_MAX_PLANS = 32
+    return variant._replace(**{name: t.contiguous() for name, t in
+                               (("alibi_slopes", alibi_slopes), ("sinks", sinks))
+                               if t is not None})
 
 
 def _stream_id(device_index: int) -> int:
     """The current stream of the GPU ``device_index`` (``Tensor.get_device()``; -1: the CPU).
-    Buffers reused by two streams at once would race: each stream gets its own."""
+    Buffers reused by two streams at once would race: each stream gets its own plans."""
     if device_index < 0:
         return 0
     return torch._C._cuda_getCurrentRawStream(device_index)
@@ -246,149 +197,187 @@ def _stream_id(device_index: int) -> int:
 
 def _capturing(stream: int) -> bool:
     """Whether the current stream, ``stream`` (``_stream_id``), is being captured. CUDA refuses
-    to capture the default stream (0), so an eager call on it asks the driver nothing."""
+    to capture the default stream (0), so a call on it asks the driver nothing."""
     return stream != 0 and kd.capturing()
 
 
-def _keep_plan(key, plan) -> None:
-    _PLANS[key] = plan
-    if len(_PLANS) > _MAX_PLANS:
-        _PLANS.popitem(last=False)
+# ---------------------------------------------------------------------------------------------
+# the plan: decided once per batch shape, then each step only launches
+# ---------------------------------------------------------------------------------------------
 
+class DecodePlan:
+    """A decode step planned once per batch shape; ``run`` then only launches the kernels.
 
-def _decode(q, k, v, seqlens, block_table, n_max, page_size, num_blocks, num_splits,
-            sm_scale, cfg, paged, reuse=True, need_lse=True, repeat_key=None, variants=None):
-    """Launch on checked inputs; returns a new (out, lse). ``variants``: ``_variants``'s.
+    Made by ``plan_decode``. It holds the split count (``num_splits``), the launch config and its
+    buffers: the splits' partial outputs and lses, and the output ``out`` (B, H, N_q, D) with its
+    ``lse``. ``run`` checks the shapes it was planned for (and, where ``validate`` says, the
+    lengths and the block table: by default at every step on the CPU, never on a GPU) and writes
+    into ``out``/``lse``, overwriting the previous step's result (FlashInfer's ``run`` does the
+    same with the buffers of its ``plan``): copy a result you want to keep. Every pointer it
+    launches with is either yours or the plan's, so a ``run`` can be captured in a CUDA graph
+    and replayed.
+    """
 
-    ``repeat_key`` (an eager ``flash_decode`` with default arguments, ``_repeat_key``): a
-    launch that ends bound is remembered under that key (``attention_common.keep``) for the
-    calls shaped like this one (``_Repeat``).
+    def __init__(self, split: kd.SplitPlan, q, sm_scale: float, variant: Variant | None):
+        self.plan, self.sm_scale, self.num_splits = split, sm_scale, split.num_splits
+        self.paged, self.dtype, self.device = split.paged, q.dtype, q.device
+        variant = variant or Variant((-1, 0))
+        self._alibi, self._sinks = variant.alibi_slopes, variant.sinks
+        self._device_index = q.get_device()
+        self.out = self.lse = self._shapes = None
+        # (k, v, alibi, sinks, n_max, geometry, signature, the split kernel's bound launch, the
+        # merge kernel's, (out, lse) addresses): the launches of the last step
+        self._bound = None
 
-    ``need_lse=False`` (an eager call that does not return it): the lse goes to a buffer of
-    the plan, reused, and is not to be kept.
-    ``reuse``: keep the split buffers per shape and stream (eager calls). The operators pass
-    False: under torch.compile's CUDA graphs every allocation must belong to the graph's own
-    memory pool, and a buffer kept alive between calls would not. A plan of one split holds no
-    tensor (it writes the answer directly), so the operators keep those plans too: a compiled
-    prefill through a static cache (many queries, one split) then launches like an eager
-    call."""
-    B, H, N_q, D = q.shape
-    H_kv = k.shape[2] if paged else k.shape[1]
-    window, softcap, alibi, sinks = variants or _PLAIN
-    tensors = kd.variant_tensors(alibi, sinks)
-
-    # A cache that grows by a token per step (transformers' DynamicCache) reuses one plan for a
-    # while: one plan serves a range of lengths (at most 1/8 longer than the cache), and the
-    # kernel is told the true length.
-    n_plan = n_max if paged else _length_bucket(n_max)
-
-    out = empty_output(q, kd._empty)  # laid out as q is: a transposed q's O needs no copy
-    dev = q.get_device()  # (an int: cheaper than q.device in a key)
-    stream = _stream_id(dev)
-    key = (B, H, H_kv, N_q, D, n_plan, paged, page_size, num_blocks, num_splits,
-           None if cfg is None else tuple(sorted(cfg.items())), dev, stream, reuse,
-           variants and (window, softcap, None if alibi is None else alibi.ndim, sinks is None))
-    plan, once = _PLANS.get(key), False
-    if plan is None:
-        # a plan made for one call knows whether it is being captured (no counters to zero)
-        merge = "auto" if reuse else "kernel" if _capturing(stream) else "fused"
-        plan = kd.make_plan(B, H, H_kv, N_q, D, n_plan, q.device, num_splits=num_splits,
-                            config=cfg, paged=paged, page_size=page_size, num_blocks=num_blocks,
-                            merge=merge, window=window, softcap=softcap)
-        once = not reuse and plan.num_splits > 1  # an operator's plan with buffers: this call's
-        if not once:
-            _keep_plan(key, plan)
-    scratch = reuse and not need_lse  # the lse goes to a buffer of the plan
-    if scratch and plan.lse_scratch is not None:
-        lse = plan.lse_scratch  # an allocation fewer per call
-    else:
-        lse = kd._empty((B, H, N_q), device=q.device, dtype=torch.float32)
-        if scratch:
-            plan.lse_scratch = lse
-    if once:
-        kd.run_plan(plan, q, k, v, seqlens, block_table, sm_scale, out, lse, n_max=n_max,
-                    alibi_slopes=alibi, sinks=sinks)
-        return out, lse
-    # The launch bound by the last call with this plan is repeated when everything but the
-    # addresses, the cache's strides and its length is as it was, and those have the
-    # specialization classes they had (what the compiled kernel depends on): dtype, scale,
-    # q's strides, every address 16-byte aligned, no profiler hooks, no capture. The addresses of
-    # the ALiBi slopes and sinks, where given, are free too: they follow the geometry.
-    geometry = (*kd.cache_geometry(paged, k, v), n_max, *(t.data_ptr() for t in tensors))
-    sig = (q.dtype, sm_scale, q.stride(), seqlens is None,
-           None if block_table is None else block_table.stride(0), int_classes(geometry))
-    bound = plan.bound
-    has_lens, has_table = seqlens is not None, block_table is not None
-    ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), seqlens.data_ptr() if has_lens else 0,
-            block_table.data_ptr() if has_table else 0, out.data_ptr(), lse.data_ptr())
-    if (bound is not None and bound[0] == sig and not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3]
-                                                       | ptrs[4] | ptrs[5] | ptrs[6]) & 15
-            and not hooks_installed() and not _capturing(stream)):
-        bound[1](ptrs[0], ptrs[1], ptrs[2], ptrs[3] if has_lens else ptrs[0],
-                 ptrs[4] if has_table else ptrs[0], ptrs[5], ptrs[6], *geometry)
-    else:
+    def _launch(self, q, k, v, lens, table, out, lse, n_max, alibi, sinks) -> None:
+        """One step into ``out``, ``lse``. The launches bound by the last step are repeated when
+        only addresses, the cache's strides and its length changed, and those keep the
+        specialization classes they had (what the compiled kernel depends on: every address
+        16-byte aligned, every integer's class), with q's strides, no profiler hooks and no
+        CUDA-graph capture; a merge kernel's launch only for the same ``out`` and ``lse``."""
+        b = self._bound
+        if (b is not None and b[0] is k and b[1] is v and b[2] is alibi and b[3] is sinks
+                and b[4] == n_max):
+            geometry, classes = b[5], b[6][3]  # the same cache: what was computed then
+        else:
+            geometry = (*kd.cache_geometry(self.paged, k, v), n_max,
+                        *(t.data_ptr() for t in kd.variant_tensors(alibi, sinks)))
+            classes = int_classes(geometry)
+        p = q.data_ptr()
+        ptrs = (p, k.data_ptr(), v.data_ptr(), p if lens is None else lens.data_ptr(),
+                p if table is None else table.data_ptr(), out.data_ptr(), lse.data_ptr())
+        sig = (q.stride(), lens is None, None if table is None else table.stride(0), classes)
+        stream = _stream_id(self._device_index)
+        if (b is not None and b[6] == sig and (not b[8] or b[9] == ptrs[5:])
+                and not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5] | ptrs[6]) & 15
+                and not hooks_installed() and not _capturing(stream)):
+            b[7](*ptrs, *geometry)
+            for merge in b[8]:
+                merge()
+            return
         bind = not _capturing(stream)
-        launches = kd.run_plan(plan, q, k, v, seqlens, block_table, sm_scale, out, lse,
+        launches = kd.run_plan(self.plan, q, k, v, lens, table, self.sm_scale, out, lse,
                                bind=bind, n_max=n_max, alibi_slopes=alibi, sinks=sinks)
-        if not (bind and launches is not None and len(launches) == 1):
-            return out, lse
-        plan.bound = (sig, launches[0])
-    if repeat_key is not None and scratch and not ptrs[6] & 15:
-        keep(_REPEATS, repeat_key, _Repeat(plan, geometry, out, q, dev, stream), _MAX_REPEATS)
-    return out, lse
+        self._bound = (None if not bind or launches is None else
+                       (k, v, alibi, sinks, n_max, geometry, sig, launches[0],
+                        tuple(launches[1:]), ptrs[5:]))
+
+    def run(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, return_lse=False,
+            *, validate=None):
+        """One decode step into the plan's buffers: returns ``self.out`` (and ``self.lse``).
+
+        ``cache_seqlens`` (B,) int32 (None: every sequence uses all N_max keys); paged plans
+        need ``block_table`` (B, max_blocks) as planned and ``cache_seqlens``, int32 and
+        contiguous (``run`` converts nothing).
+
+        ``validate`` as in ``flash_decode`` and ``paged_decode``: None (the default) checks the
+        lengths and block table where that is free, on the CPU, at every step (their kind,
+        dtype and shape, then every length within the plan's N_max and every block id in use
+        within the pool: a ValueError or TypeError naming the argument); on a GPU a step does
+        nothing more than launch. True checks on every device (on a GPU one synchronisation;
+        refused in a CUDA-graph capture), False never: the kernel then clamps what is out of
+        range, as the functions' docstrings say."""
+        q_shape, kv_shape, _ = self._shapes
+        if (q.shape != q_shape or k_cache.shape != kv_shape or v_cache.shape != kv_shape
+                or q.dtype != self.dtype):
+            raise ValueError(f"this plan is for q {q_shape} and caches {kv_shape} "
+                             f"of {self.dtype}, got q {tuple(q.shape)} {q.dtype} and "
+                             f"k_cache {tuple(k_cache.shape)}: make a new plan")
+        if self.paged and (block_table is None or cache_seqlens is None):
+            raise ValueError("a paged plan's run needs block_table and cache_seqlens")
+        if (validate or _FREE_READS) and _checks_values(validate):
+            self._check_values(cache_seqlens, block_table)
+        self._launch(q, k_cache, v_cache, cache_seqlens, block_table, self.out, self.lse,
+                     self.plan.n_max, self._alibi, self._sinks)
+        return (self.out, self.lse) if return_lse else self.out
+
+    def _check_values(self, cache_seqlens, block_table) -> None:
+        """``run``'s checks of the lengths and the block table (``validate``): what the launch
+        takes as it is (int32, unit stride, the planned shapes), then the values."""
+        plan, table_shape = self.plan, self._shapes[2]
+        if cache_seqlens is not None:
+            check_int_vector("cache_seqlens", cache_seqlens, plan.B, self.device)
+            _refuse_conversion("cache_seqlens", cache_seqlens)
+        if not self.paged:
+            if cache_seqlens is not None:
+                check_cache_seqlens(cache_seqlens, plan.n_max)
+            return
+        if not isinstance(block_table, torch.Tensor):
+            raise TypeError(f"block_table must be a torch.Tensor of int32, got "
+                            f"{type(block_table).__name__}")
+        if tuple(block_table.shape) != table_shape or block_table.device != self.device:
+            raise ValueError(f"this plan's block_table is {table_shape} on {self.device}, "
+                             f"got {tuple(block_table.shape)} on {block_table.device}")
+        _refuse_conversion("block_table", block_table)
+        check_block_table(block_table, cache_seqlens, plan.num_blocks, plan.page_size,
+                          plan.n_max)
+
+
+def _refuse_conversion(name: str, t: torch.Tensor) -> None:
+    """TypeError unless ``t`` is what a plan's run launches with as it is (int32, unit stride)."""
+    if t.dtype != torch.int32 or t.stride(-1) != 1:
+        raise TypeError(f"{name} must be int32 with unit stride in a plan's run (it converts "
+                        f"nothing), got {t.dtype} with strides {tuple(t.stride())}")
+
+
+def plan_decode(q, k_cache, v_cache, *, block_table=None, num_splits=None, sm_scale=None,
+                config=None, merge="auto", window_size=NO_WINDOW, softcap=0.0,
+                alibi_slopes=None, sinks=None) -> DecodePlan:
+    """Plan decode steps shaped like these tensors (see ``DecodePlan``).
+
+    The arguments are those of ``flash_decode`` (or, with ``block_table``, of ``paged_decode``,
+    k_cache and v_cache then being the pages); only their shapes, dtypes and device are used.
+    ``merge`` ("auto", "fused" or "kernel"): how the splits are merged
+    (``course_lib.kernels.decode.MERGES``). The variants (``flash_decode``'s keywords) are fixed
+    by the plan: a window sets the split count for the keys it reads, and the plan holds the
+    ALiBi slopes and sinks it was given (contiguous ones as they are, read at every step; a
+    strided one is copied once), so layers that differ in them need plans of their own.
+
+        plan = plan_decode(q, k_cache, v_cache)        # once per batch shape
+        for step in range(n_steps):                      # then every step: only launches
+            o = plan.run(q, k_cache, v_cache, cache_seqlens)
+
+    (On the CPU each ``run`` also checks the lengths' values, and a paged plan's block ids:
+    ``DecodePlan.run``'s ``validate``.)
+    """
+    if block_table is not None:
+        B, H, H_kv, N_q, D, num_blocks, page_size, max_blocks = _check_pages(
+            q, k_cache, v_cache, block_table, None, seqlens_required=False)
+        n_max = max_blocks * page_size
+    else:
+        B, H, H_kv, N_q, n_max, D = _check_cache(q, k_cache, v_cache, None)
+        num_blocks, page_size = 1, 1
+    _check_num_splits(num_splits)
+    sm_scale = check_sm_scale(sm_scale, D)
+    cfg = _check_config(config, D)
+    variant = _variant(q, window_size, softcap, alibi_slopes, sinks)
+    split = kd.make_plan(B, H, H_kv, N_q, D, n_max, q.device, num_splits=num_splits, config=cfg,
+                         paged=block_table is not None, page_size=page_size,
+                         num_blocks=num_blocks, merge=merge, **_split_variant(variant))
+    plan = DecodePlan(split, q, sm_scale, variant)
+    plan.out = empty_output(q, kd._empty)
+    plan.lse = kd._empty((B, H, N_q), device=q.device, dtype=torch.float32)
+    plan._shapes = (tuple(q.shape), tuple(k_cache.shape),
+                    None if block_table is None else tuple(block_table.shape))
+    return plan
+
+
+def _split_variant(variant: Variant | None) -> dict:
+    """``kd.make_plan``'s keywords for the variant: the window (left, 0) and the softcap."""
+    return {} if variant is None else dict(window=variant.window, softcap=variant.softcap)
 
 
 # ---------------------------------------------------------------------------------------------
-# a call shaped like an earlier one: that call's checked, bound launch again
+# the plans the functions keep: one per batch shape, a new output per call
 # ---------------------------------------------------------------------------------------------
 
-# An eager ``flash_decode`` with default arguments whose inputs have the shapes, strides, dtypes
-# and devices of an earlier call's, with the same scale and lengths' layout, would pass the same
-# checks and get the same plan and bound launch: it repeats that launch (``_Repeat``) with no
-# checks (but the lengths' values on the CPU, where reading them is free), no plan key, one
-# allocation (o) and one call into Triton's C launcher. A transformers model makes that call
-# once per layer, so from the second layer of a step on every call does.
-_REPEATS: dict = {}
-_MAX_REPEATS = 64
-_PLAIN_EMPTY = kd._empty
+_PLANS: dict = {}  # the functions' plans, by ``_plan_key``, oldest first
+_MAX_PLANS = 32
 
 
-def _repeat_key(q, k, v, lens, sm_scale, variants_key=None) -> tuple:
-    """What the checks and the plan of a call depend on (``call_key``, the lengths' layout and
-    ``_variants_key``). AttributeError for a non-tensor."""
-    return (call_key(q, k, v, sm_scale),
-            None if lens is None else (lens.shape, lens.stride(), lens.dtype, lens.get_device()),
-            variants_key)
-
-
-class _Repeat:
-    """The launch of a checked eager call, bound, for calls with the same ``_repeat_key``:
-    ``self(q, k, v, lens)`` is that call's result for new tensors, or None where the launch
-    cannot be repeated (the plan was bound anew or forgotten, a profiler hook or a CUDA-graph
-    capture is on, another stream is current, an address is not 16-byte aligned): the caller
-    then takes the checked path."""
-
-    __slots__ = ("plans", "plan", "bound", "geometry", "new_out", "dev", "stream")
-
-    def __init__(self, plan, geometry, out, q, dev, stream):
-        self.plans, self.plan, self.bound, self.geometry = _PLANS, plan, plan.bound, geometry
-        self.new_out, self.dev, self.stream = OutputLike(out, q), dev, stream
-
-    def __call__(self, q, k, v, lens):
-        plan = self.plan
-        stream = _stream_id(self.dev)
-        if (plan.bound is not self.bound or _PLANS is not self.plans or stream != self.stream
-                or hooks_installed() or _capturing(stream)):
-            return None
-        p, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
-        lp = p if lens is None else lens.data_ptr()
-        if (p | kp | vp | lp) & 15:
-            return None
-        empty = kd._empty  # the tests' poisoned allocator where they installed one
-        out = self.new_out(None if empty is _PLAIN_EMPTY else empty, q)
-        self.bound[1](p, kp, vp, lp, p, out.data_ptr(), plan.lse_scratch.data_ptr(),
-                      *self.geometry)
-        return out
+def forget_plans() -> None:
+    """Drop the plans the functions keep (their scratch buffers with them)."""
+    _PLANS.clear()
 
 
 def _length_bucket(n: int) -> int:
@@ -399,14 +388,83 @@ def _length_bucket(n: int) -> int:
     return -(-n // step) * step
 
 
-def _config_list(cfg) -> list[int]:
-    return [] if cfg is None else [cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"]]
+def _plan_key(q, k, v, lens, table, sm_scale, num_splits, config, variant_args,
+              operator=False) -> tuple:
+    """The key of the plan a call runs, read off its arguments as given: everything the checks
+    and the plan depend on, so that a call whose key has a plan passes the checks that made it.
+    q's layout; k's and v's shapes (a contiguous cache's length by its ``_length_bucket``: the
+    plan serves every length of the bucket, the kernel is told the true one), last strides,
+    dtypes and devices; the shapes, dtypes and devices of the other tensors (whose strides the
+    call makes contiguous where they are not); the scale, split count, config and variants with
+    their types (True equals 1 but is no count); the stream (buffers are per stream);
+    ``operator`` (the operators' plans, ``_plan``). TypeError, AttributeError or IndexError for
+    what is no tensor, pair or dict: the checks then name it."""
+    ks, vs, dev = k.shape, v.shape, q.get_device()
+    window_size, softcap, alibi_slopes, sinks = variant_args
+    return (q.shape, q.stride(), q.dtype, dev, len(ks), ks[0], ks[1], ks[3],
+            ks[2] if table is not None else _length_bucket(ks[2]), ks[2] > 0, ks == vs,
+            k.stride(-1), v.stride(-1), k.dtype, v.dtype, k.get_device(), v.get_device(),
+            None if lens is None else (lens.shape, lens.dtype, lens.get_device()),
+            None if table is None else (table.shape, table.dtype, table.get_device()),
+            type(sm_scale), sm_scale, type(num_splits), num_splits,
+            config if config is None else tuple(
+                (name, type(x), x) for name, x in sorted(config.items())),
+            None if window_size is NO_WINDOW else tuple((type(w), w) for w in window_size),
+            type(softcap), softcap,
+            None if alibi_slopes is None and sinks is None else tuple(
+                None if t is None else (t.shape, t.dtype, t.get_device())
+                for t in (alibi_slopes, sinks)),
+            _stream_id(dev), operator)
 
 
-def _config_dict(config: list[int]):
-    if not config:
-        return None
-    return dict(BLOCK_N=config[0], num_warps=config[1], num_stages=config[2])
+def _kept_plan(q, k, v, lens, table, sm_scale, num_splits, config, variant_args):
+    """(key, the plan kept under it or None); no key while torch.compile traces."""
+    if torch.compiler.is_compiling():
+        return None, None
+    try:
+        key = _plan_key(q, k, v, lens, table, sm_scale, num_splits, config, variant_args)
+    except (AttributeError, IndexError, TypeError):
+        return None, None
+    return key, _PLANS.get(key)
+
+
+def _plan(key, q, k, paged, n_max, page_size, num_blocks, num_splits, sm_scale, cfg,
+          variant, operator=False) -> DecodePlan:
+    """A new plan for checked arguments, kept under ``key`` (None: not kept). ``operator``: a
+    plan of the operators, whose buffers must be the call's own (under torch.compile's CUDA
+    graphs every allocation belongs to the graph's memory pool): it is kept only where it
+    holds no buffer (one split), and, made for one call, it knows whether it is captured."""
+    B, H, N_q, D = q.shape
+    H_kv = k.shape[2] if paged else k.shape[1]
+    merge = "auto"
+    if operator:
+        merge = "kernel" if _capturing(_stream_id(q.get_device())) else "fused"
+    split = kd.make_plan(B, H, H_kv, N_q, D, n_max if paged else _length_bucket(n_max),
+                         q.device, num_splits=num_splits, config=cfg, paged=paged,
+                         page_size=page_size, num_blocks=num_blocks, merge=merge,
+                         **_split_variant(variant))
+    plan = DecodePlan(split, q, sm_scale, variant)
+    if key is not None and (not operator or split.num_splits == 1):
+        _PLANS[key] = plan
+        if len(_PLANS) > _MAX_PLANS:
+            del _PLANS[next(iter(_PLANS))]
+    return plan
+
+
+def _run(plan, q, k, v, lens, table, n_max, alibi_slopes, sinks, return_lse=True):
+    """(o, lse) of one call by ``plan``: o new, and lse new unless it is not returned (then a
+    buffer of the plan). ``n_max``: the cache's true length (the plan's may be longer)."""
+    out = empty_output(q, kd._empty)  # laid out as q is: a transposed q's O needs no copy
+    if return_lse or plan.lse is None:
+        lse = kd._empty(q.shape[:3], device=q.device, dtype=torch.float32)
+        if not return_lse:
+            plan.lse = lse  # the scratch lse of the calls that do not return it
+    else:
+        lse = plan.lse
+    plan._launch(q, k, v, lens, table, out, lse, n_max,
+                 None if alibi_slopes is None else alibi_slopes.contiguous(),
+                 None if sinks is None else sinks.contiguous())
+    return out, lse
 
 
 # ---------------------------------------------------------------------------------------------
@@ -414,8 +472,8 @@ def _config_dict(config: list[int]):
 # ---------------------------------------------------------------------------------------------
 
 def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm_scale=None,
-                 return_lse=False, config=None, validate=None, window_size=FULL_WINDOW,
-                 softcap=NO_CAP, alibi_slopes=None, sinks=None):
+                 return_lse=False, config=None, validate=None, window_size=NO_WINDOW,
+                 softcap=0.0, alibi_slopes=None, sinks=None):
     """Flash-Decoding: attention of a few query tokens to a KV cache, split over the keys.
 
     q (B, H, N_q, D); k_cache, v_cache (B, H_kv, N_max, D) with H a multiple of H_kv (GQA);
@@ -446,50 +504,35 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm
     aligned to its end), L_b < 0 that over no key (o = 0, lse = −inf, or the sink's logit).
     A wrong answer without an error, but never a read outside the cache.
     """
-    repeat_key = None
-    if (not torch.compiler.is_compiling() and num_splits is None and config is None
-            and not validate and not return_lse):
-        try:
-            repeat_key = _repeat_key(q, k_cache, v_cache, cache_seqlens, sm_scale,
-                                     _variants_key(window_size, softcap, alibi_slopes, sinks))
-            repeat = _REPEATS.get(repeat_key)
-        except (AttributeError, TypeError):  # not a tensor or a pair: the checks name it
-            repeat_key = None
-        else:
-            if repeat is not None:
-                # (on a GPU ``_FREE_READS`` is False and ends the test: the repeat checks nothing)
-                if _FREE_READS and validate is None and cache_seqlens is not None:
-                    check_cache_seqlens(cache_seqlens, k_cache.shape[2])  # free on the CPU
-                o = repeat(q, k_cache, v_cache, cache_seqlens)
-                if o is not None:
-                    return o
-    B, H, H_kv, N_q, N_max, D = _check_cache(q, k_cache, v_cache, cache_seqlens)
-    _check_num_splits(num_splits)
-    sm_scale = check_sm_scale(sm_scale, D)
-    cfg = _check_config(config, D)
-    variants = _variants(q, window_size, softcap, alibi_slopes, sinks)
-    if variants is not None and (variants[2] is not alibi_slopes or variants[3] is not sinks):
-        repeat_key = None  # made contiguous: a call like this one copies them again
+    variant_args = (window_size, softcap, alibi_slopes, sinks)
+    key, plan = _kept_plan(q, k_cache, v_cache, cache_seqlens, None, sm_scale, num_splits,
+                           config, variant_args)
+    if plan is None:  # the checks (a plan is kept only for a key whose checks passed)
+        B, H, H_kv, N_q, N_max, D = _check_cache(q, k_cache, v_cache, cache_seqlens)
+        _check_num_splits(num_splits)
+        sm_scale = check_sm_scale(sm_scale, D)
+        cfg = _check_config(config, D)
+        variant = _variant(q, *variant_args)
+    n_max = k_cache.shape[2]
     if cache_seqlens is not None:
         if (validate or _FREE_READS) and _checks_values(validate):
-            check_cache_seqlens(cache_seqlens, N_max)
-        lens = _int32(cache_seqlens)
-        if lens is not cache_seqlens:  # converted: a call like this one converts again
-            repeat_key, cache_seqlens = None, lens
+            check_cache_seqlens(cache_seqlens, n_max)
+        cache_seqlens = _int32(cache_seqlens)
     if torch.compiler.is_compiling():
         o, lse = torch.ops.course.flash_decode(q, k_cache, v_cache, cache_seqlens,
                                                num_splits or 0, sm_scale, _config_list(cfg),
-                                               *_op_variants(variants))
+                                               *_op_variant(variant))
     else:
-        o, lse = _decode(q, k_cache, v_cache, cache_seqlens, None, N_max, 1, 1, num_splits,
-                         sm_scale, cfg, paged=False, need_lse=return_lse, repeat_key=repeat_key,
-                         variants=variants)
+        plan = plan or _plan(key, q, k_cache, False, n_max, 1, 1, num_splits, sm_scale, cfg,
+                             variant)
+        o, lse = _run(plan, q, k_cache, v_cache, cache_seqlens, None, n_max, alibi_slopes,
+                      sinks, return_lse)
     return (o, lse) if return_lse else o
 
 
 def paged_decode(q, k_pages, v_pages, block_table, cache_seqlens, num_splits=None, *,
                  sm_scale=None, return_lse=False, config=None, validate=None,
-                 window_size=FULL_WINDOW, softcap=NO_CAP, alibi_slopes=None, sinks=None):
+                 window_size=NO_WINDOW, softcap=0.0, alibi_slopes=None, sinks=None):
     """PagedAttention decode: like ``flash_decode``, with K/V stored in fixed-size pages.
 
     q (B, H, N_q, D); k_pages, v_pages (num_blocks, block_size, H_kv, D), the layout of vLLM and
@@ -511,24 +554,30 @@ def paged_decode(q, k_pages, v_pages, block_table, cache_seqlens, num_splits=Non
     that block's keys and values (another sequence's, or none written) stand in for the
     sequence's own. A wrong answer without an error, but never a read outside the pages.
     """
-    B, H, H_kv, N_q, D, num_blocks, block_size, max_blocks = _check_pages(
-        q, k_pages, v_pages, block_table, cache_seqlens)
-    _check_num_splits(num_splits)
-    sm_scale = check_sm_scale(sm_scale, D)
-    cfg = _check_config(config, D)
-    variants = _variants(q, window_size, softcap, alibi_slopes, sinks)
-    capacity = max_blocks * block_size
+    variant_args = (window_size, softcap, alibi_slopes, sinks)
+    key, plan = _kept_plan(q, k_pages, v_pages, cache_seqlens, block_table, sm_scale,
+                           num_splits, config, variant_args)
+    num_blocks, block_size = k_pages.shape[:2]
+    if plan is None:  # the checks (a plan is kept only for a key whose checks passed)
+        *_, D, num_blocks, block_size, max_blocks = _check_pages(
+            q, k_pages, v_pages, block_table, cache_seqlens)
+        _check_num_splits(num_splits)
+        sm_scale = check_sm_scale(sm_scale, D)
+        cfg = _check_config(config, D)
+        variant = _variant(q, *variant_args)
+    capacity = block_table.shape[1] * block_size
     if (validate or _FREE_READS) and _checks_values(validate):
         check_block_table(block_table, cache_seqlens, num_blocks, block_size, capacity)
     block_table, cache_seqlens = _int32(block_table), _int32(cache_seqlens)
     if torch.compiler.is_compiling():
         o, lse = torch.ops.course.paged_decode(q, k_pages, v_pages, block_table, cache_seqlens,
                                                num_splits or 0, sm_scale, _config_list(cfg),
-                                               *_op_variants(variants))
+                                               *_op_variant(variant))
     else:
-        o, lse = _decode(q, k_pages, v_pages, cache_seqlens, block_table, capacity, block_size,
-                         num_blocks, num_splits, sm_scale, cfg, paged=True, need_lse=return_lse,
-                         variants=variants)
+        plan = plan or _plan(key, q, k_pages, True, capacity, block_size, num_blocks,
+                             num_splits, sm_scale, cfg, variant)
+        o, lse = _run(plan, q, k_pages, v_pages, cache_seqlens, block_table, capacity,
+                      alibi_slopes, sinks, return_lse)
     return (o, lse) if return_lse else o
 
 
@@ -541,214 +590,59 @@ def _refuse_validate_when_compiling():
 
 
 # ---------------------------------------------------------------------------------------------
-# the operators
+# the operators: typed functions (``course_lib.ops.library``); every call returns new tensors
 # ---------------------------------------------------------------------------------------------
 
-# torch.library.Library, not the ``custom_op`` decorator, as in course_lib.ops.attention (why
-# there); every call returns fresh tensors (``reuse=False``).
-_LIB = torch.library.Library("course", "FRAGMENT")
-# The variants (the decode is causal: a window is its left side alone, -1 for none).
-_VARIANTS = ("int window_left=-1, float softcap=0.0, Tensor? alibi_slopes=None, "
-             "Tensor? sinks=None")
-_LIB.define("flash_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, "
-            f"int num_splits, float sm_scale, int[] config, {_VARIANTS}) -> (Tensor, Tensor)")
-_LIB.define("paged_decode(Tensor q, Tensor k_pages, Tensor v_pages, Tensor block_table, "
-            "Tensor cache_seqlens, int num_splits, float sm_scale, int[] config, "
-            f"{_VARIANTS}) -> (Tensor, Tensor)")
+def _config_list(cfg) -> list[int]:
+    return [] if cfg is None else [cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"]]
 
 
-def _op_variants_of(window_left, softcap, alibi_slopes, sinks):
-    """``_variants``'s tuple from the operators' arguments (checked by the functions)."""
-    if window_left < 0 and softcap == 0.0 and alibi_slopes is None and sinks is None:
-        return None
-    return (window_left, 0), softcap, alibi_slopes, sinks
+def _op_variant(variant: Variant | None) -> tuple:
+    """The operators' variant arguments: (window_left, softcap, alibi_slopes, sinks)."""
+    variant = variant or Variant((-1, 0))
+    return variant.window[0], variant.softcap, variant.alibi_slopes, variant.sinks
 
 
-def _flash_decode_op(q, k_cache, v_cache, cache_seqlens, num_splits, sm_scale, config,
-                     window_left=-1, softcap=0.0, alibi_slopes=None, sinks=None):
-    """(o, lse) of ``flash_decode`` on checked inputs; num_splits 0: chosen; config [] default."""
-    return _decode(q, k_cache, v_cache, cache_seqlens, None, k_cache.shape[2], 1, 1,
-                   num_splits or None, sm_scale, _config_dict(config), paged=False, reuse=False,
-                   variants=_op_variants_of(window_left, softcap, alibi_slopes, sinks))
-
-
-def _paged_decode_op(q, k_pages, v_pages, block_table, cache_seqlens, num_splits, sm_scale,
-                     config, window_left=-1, softcap=0.0, alibi_slopes=None, sinks=None):
-    """(o, lse) of ``paged_decode`` on checked inputs."""
-    num_blocks, block_size = k_pages.shape[:2]
-    return _decode(q, k_pages, v_pages, cache_seqlens, block_table,
-                   block_table.shape[1] * block_size, block_size, num_blocks,
-                   num_splits or None, sm_scale, _config_dict(config), paged=True, reuse=False,
-                   variants=_op_variants_of(window_left, softcap, alibi_slopes, sinks))
+def _op_call(q, k, v, lens, table, n_max, page_size, num_blocks, num_splits, sm_scale, config,
+             window_left, softcap, alibi_slopes, sinks):
+    """(o, lse) of an operator's checked arguments; num_splits 0: chosen; config []: default."""
+    variant = (None if window_left < 0 and softcap == 0.0 and alibi_slopes is None
+               and sinks is None else Variant((window_left, 0), softcap, alibi_slopes, sinks))
+    cfg = dict(zip(("BLOCK_N", "num_warps", "num_stages"), config)) if config else None
+    key = _plan_key(q, k, v, lens, table, sm_scale, num_splits, cfg,
+                    (NO_WINDOW, 0.0, None, None) if variant is None else
+                    ((window_left, 0), softcap, alibi_slopes, sinks), operator=True)
+    plan = _PLANS.get(key) or _plan(key, q, k, table is not None, n_max, page_size, num_blocks,
+                                    num_splits or None, sm_scale, cfg, variant, operator=True)
+    return _run(plan, q, k, v, lens, table, n_max, alibi_slopes, sinks)
 
 
 def _fake_outputs(q, *_):
-    B, H, N_q, D = q.shape
-    return empty_output(q), q.new_empty((B, H, N_q), dtype=torch.float32)
+    return empty_output(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
-for _name, _impl in (("flash_decode", _flash_decode_op), ("paged_decode", _paged_decode_op)):
-    _LIB.impl(_name, _impl, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"course::{_name}", _fake_outputs, lib=_LIB)
+@operator(_fake_outputs)
+def _flash_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor | None,
+                  num_splits: int, sm_scale: float, config: list[int], window_left: int = -1,
+                  softcap: float = 0.0, alibi_slopes: Tensor | None = None,
+                  sinks: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(o, lse) of ``flash_decode`` on checked inputs."""
+    return _op_call(q, k_cache, v_cache, cache_seqlens, None, k_cache.shape[2], 1, 1,
+                    num_splits, sm_scale, config, window_left, softcap, alibi_slopes, sinks)
 
 
-# ---------------------------------------------------------------------------------------------
-# plan and run
-# ---------------------------------------------------------------------------------------------
-
-class DecodePlan:
-    """A decode step planned once per batch shape; ``run`` then only launches the kernels.
-
-    Made by ``plan_decode``. It holds the split count, the launch config and its buffers: the
-    splits' partial outputs and lses, and the output ``out`` (B, H, N_q, D) with its ``lse``.
-    ``run`` checks the shapes it was planned for (and, where ``validate`` says, the lengths and
-    the block table: by default at every step on the CPU, never on a GPU) and writes into
-    ``out``/``lse``, overwriting the previous step's result (FlashInfer's ``run`` does the same
-    with the buffers of its ``plan``): copy a result you want to keep. Every pointer it launches
-    with is either yours or the plan's, so a ``run`` can be captured in a CUDA graph and
-    replayed.
-    """
-
-    def __init__(self, q, k_cache, v_cache, *, block_table=None, num_splits=None,
-                 sm_scale=None, config=None, merge="auto", window_size=FULL_WINDOW,
-                 softcap=NO_CAP, alibi_slopes=None, sinks=None):
-        self.paged = block_table is not None
-        if self.paged:
-            B, H, H_kv, N_q, D, num_blocks, page_size, max_blocks = _check_pages(
-                q, k_cache, v_cache, block_table, None, seqlens_required=False)
-            n_max = max_blocks * page_size
-        else:
-            B, H, H_kv, N_q, n_max, D = _check_cache(q, k_cache, v_cache, None)
-            num_blocks, page_size = 1, 1
-        _check_num_splits(num_splits)
-        self.sm_scale = check_sm_scale(sm_scale, D)
-        cfg = _check_config(config, D)
-        window, softcap, self._alibi, self._sinks = (
-            _variants(q, window_size, softcap, alibi_slopes, sinks) or _PLAIN)
-        self._q_shape, self._kv_shape = tuple(q.shape), tuple(k_cache.shape)
-        self._table_shape = None if block_table is None else tuple(block_table.shape)
-        self.dtype, self.device = q.dtype, q.device
-        self.plan = kd.make_plan(B, H, H_kv, N_q, D, n_max, q.device, num_splits=num_splits,
-                                 config=cfg, paged=self.paged, page_size=page_size,
-                                 num_blocks=num_blocks, merge=merge, window=window,
-                                 softcap=softcap)
-        self.num_splits = self.plan.num_splits
-        self.out = empty_output(q, kd._empty)
-        self.lse = kd._empty((B, H, N_q), device=q.device, dtype=torch.float32)
-        self._q_stride, self._device_index = tuple(q.stride()), q.get_device()
-        self._out_ptrs = (self.out.data_ptr(), self.lse.data_ptr())
-        self._variant_ptrs = tuple(t.data_ptr()
-                                   for t in kd.variant_tensors(self._alibi, self._sinks))
-        self._bound = None  # the launches of the last step, bound (``run``)
-
-    def run(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, return_lse=False,
-            *, validate=None):
-        """One decode step into the plan's buffers: returns ``self.out`` (and ``self.lse``).
-
-        ``cache_seqlens`` (B,) int32 (None: every sequence uses all N_max keys); paged plans
-        need ``block_table`` (B, max_blocks) as planned and ``cache_seqlens``, int32 and
-        contiguous (``run`` converts nothing).
-
-        ``validate`` as in ``flash_decode`` and ``paged_decode``: None (the default) checks the
-        lengths and block table where that is free, on the CPU, at every step (their kind,
-        dtype and shape, then every length within the plan's N_max and every block id in use
-        within the pool: a ValueError or TypeError naming the argument); on a GPU a step does
-        nothing more than launch. True checks on every device (on a GPU one synchronisation;
-        refused in a CUDA-graph capture), False never: the kernel then clamps what is out of
-        range, as the functions' docstrings say."""
-        if (q.shape != self._q_shape or k_cache.shape != self._kv_shape
-                or v_cache.shape != self._kv_shape or q.dtype != self.dtype):
-            raise ValueError(f"this plan is for q {self._q_shape} and caches {self._kv_shape} "
-                             f"of {self.dtype}, got q {tuple(q.shape)} {q.dtype} and "
-                             f"k_cache {tuple(k_cache.shape)}: make a new plan")
-        if self.paged and (block_table is None or cache_seqlens is None):
-            raise ValueError("a paged plan's run needs block_table and cache_seqlens")
-        if (validate or _FREE_READS) and _checks_values(validate):
-            self._check_values(cache_seqlens, block_table)
-        bound = self._bound
-        # The launches bound by the last step are repeated when only q's contents and address
-        # changed: the same cache, lengths and block-table tensors, q with the planned strides,
-        # device and 16-byte alignment (what the compiled kernels are specialised on), no
-        # profiler hooks and no CUDA-graph capture. A step is then one call into Triton's C
-        # launcher per kernel: no key, no Triton binding (lesson 12, section 8).
-        stream = _stream_id(self._device_index)
-        if (bound is not None and bound[0] is k_cache and bound[1] is v_cache
-                and bound[2] is cache_seqlens and bound[3] is block_table
-                and q.stride() == self._q_stride and q.get_device() == self._device_index
-                and not q.data_ptr() & 15 and not hooks_installed() and not _capturing(stream)):
-            p = q.data_ptr()
-            bound[4](p, k_cache.data_ptr(), v_cache.data_ptr(),
-                     p if cache_seqlens is None else cache_seqlens.data_ptr(),
-                     p if block_table is None else block_table.data_ptr(), *bound[6])
-            for merge in bound[5]:
-                merge()
-        else:
-            bind = not _capturing(stream)
-            launches = kd.run_plan(self.plan, q, k_cache, v_cache, cache_seqlens, block_table,
-                                   self.sm_scale, self.out, self.lse, bind=bind,
-                                   alibi_slopes=self._alibi, sinks=self._sinks)
-            # (k_cache, v_cache, cache_seqlens, block_table, the split kernel's launch, the
-            # merge kernel's, the split launch's fixed tail: O, lse, the caches' geometry, the
-            # variants' tensors)
-            self._bound = (None if not bind or launches is None else
-                           (k_cache, v_cache, cache_seqlens, block_table, launches[0],
-                            tuple(launches[1:]),
-                            (*self._out_ptrs, *kd.cache_geometry(self.paged, k_cache, v_cache),
-                             self.plan.n_max, *self._variant_ptrs)))
-        return (self.out, self.lse) if return_lse else self.out
-
-    def _check_values(self, cache_seqlens, block_table) -> None:
-        """``run``'s checks of the lengths and the block table (``validate``): what the launch
-        takes as it is (int32, unit stride, the planned shapes), then the values."""
-        plan = self.plan
-        if cache_seqlens is not None:
-            check_int_vector("cache_seqlens", cache_seqlens, plan.B, self.device)
-            _refuse_conversion("cache_seqlens", cache_seqlens)
-        if not self.paged:
-            if cache_seqlens is not None:
-                check_cache_seqlens(cache_seqlens, plan.n_max)
-            return
-        if not isinstance(block_table, torch.Tensor):
-            raise TypeError(f"block_table must be a torch.Tensor of int32, got "
-                            f"{type(block_table).__name__}")
-        if tuple(block_table.shape) != self._table_shape or block_table.device != self.device:
-            raise ValueError(f"this plan's block_table is {self._table_shape} on {self.device}, "
-                             f"got {tuple(block_table.shape)} on {block_table.device}")
-        _refuse_conversion("block_table", block_table)
-        check_block_table(block_table, cache_seqlens, plan.num_blocks, plan.page_size,
-                          plan.n_max)
+@operator(_fake_outputs)
+def _paged_decode(q: Tensor, k_pages: Tensor, v_pages: Tensor, block_table: Tensor,
+                  cache_seqlens: Tensor, num_splits: int, sm_scale: float, config: list[int],
+                  window_left: int = -1, softcap: float = 0.0,
+                  alibi_slopes: Tensor | None = None,
+                  sinks: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(o, lse) of ``paged_decode`` on checked inputs."""
+    num_blocks, block_size = k_pages.shape[:2]
+    return _op_call(q, k_pages, v_pages, cache_seqlens, block_table,
+                    block_table.shape[1] * block_size, block_size, num_blocks, num_splits,
+                    sm_scale, config, window_left, softcap, alibi_slopes, sinks)
 
 
-def _refuse_conversion(name: str, t: torch.Tensor) -> None:
-    """TypeError unless ``t`` is what a plan's run launches with as it is (int32, unit stride)."""
-    if t.dtype != torch.int32 or t.stride(-1) != 1:
-        raise TypeError(f"{name} must be int32 with unit stride in a plan's run (it converts "
-                        f"nothing), got {t.dtype} with strides {tuple(t.stride())}")
-
-
-def plan_decode(q, k_cache, v_cache, *, block_table=None, num_splits=None, sm_scale=None,
-                config=None, merge="auto", window_size=FULL_WINDOW, softcap=NO_CAP,
-                alibi_slopes=None, sinks=None) -> DecodePlan:
-    """Plan decode steps shaped like these tensors (see ``DecodePlan``).
-
-    The arguments are those of ``flash_decode`` (or, with ``block_table``, of ``paged_decode``,
-    k_cache and v_cache then being the pages); only their shapes, dtypes and device are used.
-    ``merge`` ("auto", "fused" or "kernel"): how the splits are merged
-    (``course_lib.kernels.decode.MERGES``). The variants (``flash_decode``'s keywords) are fixed
-    by the plan: a window sets the split count for the keys it reads, and the plan holds the
-    ALiBi slopes and sinks it was given (contiguous ones as they are, read at every step; a
-    strided one is copied once), so layers that differ in them need plans of their own.
-
-        plan = plan_decode(q, k_cache, v_cache)        # once per batch shape
-        for step in range(n_steps):                      # then every step: only launches
-            o = plan.run(q, k_cache, v_cache, cache_seqlens)
-
-    (On the CPU each ``run`` also checks the lengths' values, and a paged plan's block ids:
-    ``DecodePlan.run``'s ``validate``.)
-    """
-    return DecodePlan(q, k_cache, v_cache, block_table=block_table, num_splits=num_splits,
-                      sm_scale=sm_scale, config=config, merge=merge, window_size=window_size,
-                      softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks)
-
-
-__all__ = ["DecodePlan", "check_cache_seqlens", "flash_decode", "paged_decode", "plan_decode"]
+__all__ = ["DecodePlan", "check_cache_seqlens", "flash_decode", "forget_plans", "paged_decode",
+           "plan_decode"]

@@ -7,13 +7,13 @@ and semantics (github.com/Dao-AILab/flash-attention, ``flash_attn_func`` and
 ``flash_attn_varlen_func``), sinks as GPT-OSS's per-head logit. The kernels are
 ``kernels/flash_variants.py`` (the portable forward, and every packed call),
 ``kernels/flash_variants_hopper.py`` (the TMA forward, where ``ops.impl.best_impl`` picks the
-Hopper kernel) and ``kernels/flash_variants_bwd.py`` (backward).
+Hopper kernel) and ``kernels/flash_variants_bwd.py`` (backward). The checked variants travel as
+one ``validate.Variant`` from the checks to the launchers.
 
-Each direction is a ``torch.library`` operator with a fake implementation, so
-``torch.compile(fullgraph=True)`` traces through it: ``course::flash_attn_variants_fwd`` /
-``_bwd`` and ``course::flash_attn_varlen_fwd`` / ``_bwd``. The forward's autograd formula saves
-q, k, v, O and the lse, and returns the gradients of q, k, v and of the sinks (the ALiBi slopes
-are constants, as in FlashAttention).
+Each direction is an operator (``course_lib.ops.library``) that ``torch.compile(fullgraph=True)``
+traces through: ``course::flash_attn_variants_fwd`` / ``_bwd`` and ``course::flash_attn_varlen_fwd``
+/ ``_bwd``. A forward's autograd formula saves q, k, v, O and the lse, and returns the gradients
+of q, k, v and of the sinks (the ALiBi slopes are constants, as in FlashAttention).
 
 The checks read shapes, dtypes and devices, never a value on the GPU: the offsets of packed
 sequences are checked (start at 0, never decrease, end at the tensors' lengths, no sequence
@@ -23,6 +23,7 @@ only with ``validate=True`` (one synchronisation).
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from course_lib._device import DEVICE
 from course_lib.kernels.attention_common import MAX_GRID_Y, allocate_outputs
@@ -30,7 +31,9 @@ from course_lib.kernels.flash_variants import forward_variants, forward_variants
 from course_lib.kernels.flash_variants_bwd import backward_variants, backward_variants_varlen
 from course_lib.kernels.flash_variants_hopper import MEASURED_HEAD_DIMS, forward_variants_hopper
 from course_lib.ops.impl import best_impl
+from course_lib.ops.library import operator
 from course_lib.validate import (
+    Variant,
     check_attention_inputs,
     check_sm_scale,
     check_tensor,
@@ -42,42 +45,38 @@ NO_WINDOW = (-1, -1)
 
 
 def check_call(q, k, v, causal, sm_scale, window_size, softcap, alibi_slopes, sinks):
-    """The checks of a dense call with variants: (sm_scale, window, softcap), normalised."""
+    """The checks of a dense call with variants: (sm_scale, ``Variant``), normalised."""
     D = check_attention_inputs(q, k, v)[-1]
     sm_scale = check_sm_scale(sm_scale, D)
-    window, softcap = check_variants(q, causal, window_size, softcap, alibi_slopes, sinks)
+    variant = check_variants(q, causal, window_size, softcap, alibi_slopes, sinks)
     if q.shape[0] * q.shape[1] > MAX_GRID_Y:
         raise ValueError(f"q's batch x heads = {q.shape[0] * q.shape[1]} exceeds {MAX_GRID_Y}, "
                          "the CUDA grid's limit on the axis that carries them; split the batch")
-    return sm_scale, window, softcap
+    return sm_scale, variant
 
 
 _FORWARDS = {"portable": forward_variants, "hopper": forward_variants_hopper}
 
 
-def _forward(q, k, v, sm_scale, window, softcap, alibi_slopes, sinks, impl, store_lse=True):
+def _forward(q, k, v, sm_scale, variant, impl, store_lse=True):
     """The launcher ``impl`` names. "auto": ``best_impl``'s pick (the dense kernels' rule) for
     the head dims whose TMA config was measured with the variants (``MEASURED_HEAD_DIMS``), the
     portable kernel for the others."""
     if impl == "auto":
         impl = best_impl(q, k, v) if q.shape[-1] in MEASURED_HEAD_DIMS else "portable"
-    return _FORWARDS[impl](q, k, v, sm_scale, window, softcap, alibi_slopes, sinks,
-                           store_lse=store_lse)
+    return _FORWARDS[impl](q, k, v, sm_scale, variant, store_lse=store_lse)
 
 
-def flash_attn_variants(q, k, v, sm_scale, window, softcap, alibi_slopes, sinks,
-                        return_lse=False, impl=None):
+def flash_attn_variants(q, k, v, sm_scale, variant, return_lse=False, impl=None):
     """The variants' forward (and autograd) on checked arguments (``check_call``, and ``impl``
     None (``best_impl``) or one of ``IMPLS``, as ``flash_attn_v2`` checks it)."""
     impl = impl or "auto"
     needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (q, k, v, sinks))
+        t is not None and t.requires_grad for t in (q, k, v, variant.sinks))
     if needs_grad or torch.compiler.is_compiling() or return_lse:
-        o, lse = torch.ops.course.flash_attn_variants_fwd(
-            q, k, v, sm_scale, window[0], window[1], softcap, alibi_slopes, sinks, impl)
+        o, lse = _flash_attn_variants_fwd(q, k, v, sm_scale, *_op_args(variant), impl)
     else:  # eager, no autograd: the launcher directly, without the dispatcher, and no lse
-        o, lse = _forward(q, k, v, sm_scale, window, softcap, alibi_slopes, sinks, impl,
-                          store_lse=False)
+        o, lse = _forward(q, k, v, sm_scale, variant, impl, store_lse=False)
     return (o, lse) if return_lse else o
 
 
@@ -115,113 +114,103 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     """
     D = check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, validate)
     sm_scale = check_sm_scale(sm_scale, D)
-    window, softcap = check_variants(q.transpose(0, 1)[None].expand(
-        cu_seqlens_q.shape[0] - 1, -1, -1, -1), causal, window_size, softcap, alibi_slopes, sinks)
-    o, lse = torch.ops.course.flash_attn_varlen_fwd(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), sm_scale,
-        window[0], window[1], softcap, alibi_slopes, sinks)
+    batch = q.transpose(0, 1)[None].expand(cu_seqlens_q.shape[0] - 1, -1, -1, -1)  # (B, H, ..)
+    variant = check_variants(batch, causal, window_size, softcap, alibi_slopes, sinks)
+    o, lse = _flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+                                    int(max_seqlen_k), sm_scale, *_op_args(variant))
     return (o, lse) if return_lse else o
 
 
 # ---------------------------------------------------------------------------------------------
-# The operators (torch.library.Library, as course_lib.ops.attention registers its own)
+# The operators: typed functions (course_lib.ops.library), each variant as five arguments
+# (window_left, window_right, softcap, alibi_slopes, sinks); a backward returns an empty dsinks
+# where there are no sinks
 # ---------------------------------------------------------------------------------------------
-_LIB = torch.library.Library("course", "FRAGMENT")
-_VARIANTS = ("float sm_scale, int window_left, int window_right, float softcap, "
-             "Tensor? alibi_slopes, Tensor? sinks")
-_VARLEN = "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k"
-_LIB.define(f"flash_attn_variants_fwd(Tensor q, Tensor k, Tensor v, {_VARIANTS}, "
-            "str impl='auto') -> (Tensor, Tensor)")
-_LIB.define("flash_attn_variants_bwd(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, "
-            f"Tensor lse, {_VARIANTS}) -> (Tensor, Tensor, Tensor, Tensor)")
-_LIB.define(f"flash_attn_varlen_fwd(Tensor q, Tensor k, Tensor v, {_VARLEN}, {_VARIANTS}) "
-            "-> (Tensor, Tensor)")
-_LIB.define("flash_attn_varlen_bwd(Tensor do, Tensor q, Tensor k, Tensor v, Tensor o, "
-            f"Tensor lse, {_VARLEN}, {_VARIANTS}) -> (Tensor, Tensor, Tensor, Tensor)")
+def _op_args(variant: Variant) -> tuple:
+    return (*variant.window, variant.softcap, variant.alibi_slopes, variant.sinks)
 
 
-def _dsinks_or_empty(dsinks, q):
-    """The operator returns a tensor always: the sinks' gradient, or an empty one."""
+def _dsinks(dsinks, q):
     return dsinks if dsinks is not None else q.new_empty((0,), dtype=torch.float32)
 
 
-def _fwd(q, k, v, sm_scale, left, right, softcap, alibi_slopes, sinks, impl="auto"):
-    return _forward(q, k, v, sm_scale, (left, right), softcap, alibi_slopes, sinks, impl)
-
-
-def _fwd_fake(q, k, v, sm_scale, left, right, softcap, alibi_slopes, sinks, impl="auto"):
-    return allocate_outputs(q)
-
-
-def _bwd(do, q, k, v, o, lse, sm_scale, left, right, softcap, alibi_slopes, sinks):
-    dq, dk, dv, dsinks = backward_variants(do, q, k, v, o, lse, sm_scale, (left, right), softcap,
-                                           alibi_slopes, sinks)
-    return dq, dk, dv, _dsinks_or_empty(dsinks, q)
-
-
-def _bwd_fake(do, q, k, v, o, lse, sm_scale, left, right, softcap, alibi_slopes, sinks):
+def _grads_fake(do, q, k, v, *args):
+    sinks = args[-1]
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
-            _dsinks_or_empty(None if sinks is None else sinks.new_empty(sinks.shape), q))
+            _dsinks(None if sinks is None else sinks.new_empty(sinks.shape), q))
 
 
-def _varlen_fwd(q, k, v, cu_q, cu_k, max_q, max_k, sm_scale, left, right, softcap,
-                alibi_slopes, sinks):
-    return forward_variants_varlen(q, k, v, cu_q, cu_k, max_q, max_k, sm_scale, (left, right),
-                                   softcap, alibi_slopes, sinks)
+def _setup_variants(ctx, inputs, output):
+    q, k, v, sm_scale, window_left, window_right, softcap, alibi_slopes, sinks, _impl = inputs
+    ctx.save_for_backward(q, k, v, *output, alibi_slopes, sinks)
+    ctx.mark_non_differentiable(output[1])
+    ctx.scalars = (sm_scale, window_left, window_right, softcap)
 
 
-def _varlen_fwd_fake(q, k, v, cu_q, cu_k, max_q, max_k, sm_scale, left, right, softcap,
-                     alibi_slopes, sinks):
-    return (q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
-
-
-def _varlen_bwd(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, sm_scale, left, right, softcap,
-                alibi_slopes, sinks):
-    dq, dk, dv, dsinks = backward_variants_varlen(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k,
-                                                  sm_scale, (left, right), softcap,
-                                                  alibi_slopes, sinks)
-    return dq, dk, dv, _dsinks_or_empty(dsinks, q)
-
-
-def _varlen_bwd_fake(do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, sm_scale, left, right,
-                     softcap, alibi_slopes, sinks):
-    return _bwd_fake(do, q, k, v, o, lse, sm_scale, left, right, softcap, alibi_slopes, sinks)
-
-
-def _setup(ctx, inputs, output):
-    q, k, v, *rest = inputs
-    n_varlen = 4 if len(rest) == 10 else 0  # cu_seqlens_q, cu_seqlens_k, max_seqlen_q, _k
-    o, lse = output
-    ctx.n_inputs = len(inputs)  # (the dense operator's impl, given or not)
-    ctx.varlen = rest[:n_varlen]
-    ctx.args = rest[n_varlen:n_varlen + 4]  # sm_scale, left, right, softcap
-    alibi_slopes, sinks = rest[n_varlen + 4:n_varlen + 6]
-    ctx.has_sinks = sinks is not None
-    ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, sinks)
-    ctx.mark_non_differentiable(lse)
-
-
-def _backward(ctx, do, _dlse):
+def _backward_variants(ctx, do, _dlse):
     q, k, v, o, lse, alibi_slopes, sinks = ctx.saved_tensors
-    if ctx.varlen:
-        cu_q, cu_k, max_q, max_k = ctx.varlen
-        dq, dk, dv, dsinks = torch.ops.course.flash_attn_varlen_bwd(
-            do, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, *ctx.args, alibi_slopes, sinks)
-        grads = (dq, dk, dv, None, None, None, None)
-    else:
-        dq, dk, dv, dsinks = torch.ops.course.flash_attn_variants_bwd(
-            do, q, k, v, o, lse, *ctx.args, alibi_slopes, sinks)
-        grads = (dq, dk, dv)
-    grads = (*grads, None, None, None, None, None, dsinks if ctx.has_sinks else None)
-    return grads + (None,) * (ctx.n_inputs - len(grads))
+    dq, dk, dv, dsinks = _flash_attn_variants_bwd(do, q, k, v, o, lse, *ctx.scalars,
+                                                  alibi_slopes, sinks)
+    # q, k, v; sm_scale, window_left, window_right, softcap, alibi_slopes; sinks; impl
+    return dq, dk, dv, *(None,) * 5, None if sinks is None else dsinks, None
 
 
-for _name, _impl, _fake in (("flash_attn_variants_fwd", _fwd, _fwd_fake),
-                            ("flash_attn_variants_bwd", _bwd, _bwd_fake),
-                            ("flash_attn_varlen_fwd", _varlen_fwd, _varlen_fwd_fake),
-                            ("flash_attn_varlen_bwd", _varlen_bwd, _varlen_bwd_fake)):
-    _LIB.impl(_name, _impl, "CompositeExplicitAutograd")
-    torch.library.register_fake(f"course::{_name}", _fake, lib=_LIB)
-for _name in ("flash_attn_variants_fwd", "flash_attn_varlen_fwd"):
-    torch.library.register_autograd(f"course::{_name}", _backward, setup_context=_setup,
-                                    lib=_LIB)
+def _setup_varlen(ctx, inputs, output):
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale, window_left,
+     window_right, softcap, alibi_slopes, sinks) = inputs
+    ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks)
+    ctx.mark_non_differentiable(output[1])
+    ctx.scalars = (max_seqlen_q, max_seqlen_k, sm_scale, window_left, window_right, softcap)
+
+
+def _backward_varlen(ctx, do, _dlse):
+    q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks = ctx.saved_tensors
+    dq, dk, dv, dsinks = _flash_attn_varlen_bwd(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k,
+                                                *ctx.scalars, alibi_slopes, sinks)
+    # q, k, v; the two offsets, the two lengths, sm_scale, the window, softcap, alibi_slopes; sinks
+    return dq, dk, dv, *(None,) * 9, None if sinks is None else dsinks
+
+
+@operator(lambda q, *_: allocate_outputs(q), setup_context=_setup_variants,
+          backward=_backward_variants)
+def _flash_attn_variants_fwd(q: Tensor, k: Tensor, v: Tensor, sm_scale: float, window_left: int,
+                             window_right: int, softcap: float, alibi_slopes: Tensor | None,
+                             sinks: Tensor | None, impl: str = "auto") -> tuple[Tensor, Tensor]:
+    variant = Variant((window_left, window_right), softcap, alibi_slopes, sinks)
+    return _forward(q, k, v, sm_scale, variant, impl)
+
+
+@operator(_grads_fake)
+def _flash_attn_variants_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
+                             sm_scale: float, window_left: int, window_right: int,
+                             softcap: float, alibi_slopes: Tensor | None,
+                             sinks: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    variant = Variant((window_left, window_right), softcap, alibi_slopes, sinks)
+    dq, dk, dv, dsinks = backward_variants(do, q, k, v, o, lse, sm_scale, variant)
+    return dq, dk, dv, _dsinks(dsinks, q)
+
+
+@operator(lambda q, *_: (q.new_empty(q.shape),
+                         q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)),
+          setup_context=_setup_varlen, backward=_backward_varlen)
+def _flash_attn_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+                           cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                           sm_scale: float, window_left: int, window_right: int, softcap: float,
+                           alibi_slopes: Tensor | None,
+                           sinks: Tensor | None) -> tuple[Tensor, Tensor]:
+    variant = Variant((window_left, window_right), softcap, alibi_slopes, sinks)
+    return forward_variants_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                   max_seqlen_k, sm_scale, variant)
+
+
+@operator(_grads_fake)
+def _flash_attn_varlen_bwd(do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor,
+                           cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+                           max_seqlen_k: int, sm_scale: float, window_left: int,
+                           window_right: int, softcap: float, alibi_slopes: Tensor | None,
+                           sinks: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    variant = Variant((window_left, window_right), softcap, alibi_slopes, sinks)
+    dq, dk, dv, dsinks = backward_variants_varlen(do, q, k, v, o, lse, cu_seqlens_q,
+                                                  cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                  sm_scale, variant)
+    return dq, dk, dv, _dsinks(dsinks, q)

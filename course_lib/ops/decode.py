@@ -57,6 +57,7 @@ from course_lib.validate import (
 )
 
 NO_WINDOW = (-1, -1)  # the default window: a call that passes this very object has none
+_EMPTY = kd._empty  # the plans' allocator (tests replace ``kd._empty`` to poison buffers)
 
 # ---------------------------------------------------------------------------------------------
 # checks of the arguments (shapes, dtypes, devices; the values where ``validate`` says)
@@ -225,6 +226,7 @@ class DecodePlan:
         self._alibi, self._sinks = variant.alibi_slopes, variant.sinks
         self._device_index = q.get_device()
         self.out = self.lse = self._shapes = None
+        self.out_like = False  # whether torch.empty_like(q) is O's layout (``_run``)
         # (k, v, alibi, sinks, n_max, geometry, signature, the split kernel's bound launch, the
         # merge kernel's, (out, lse) addresses): the launches of the last step
         self._bound = None
@@ -444,6 +446,8 @@ def _plan(key, q, k, paged, n_max, page_size, num_blocks, num_splits, sm_scale, 
                          page_size=page_size, num_blocks=num_blocks, merge=merge,
                          **_split_variant(variant))
     plan = DecodePlan(split, q, sm_scale, variant)
+    o, like = empty_output(q), torch.empty_like(q)  # (the key holds q's layout)
+    plan.out_like = (o.shape, o.stride()) == (like.shape, like.stride())
     if key is not None and (not operator or split.num_splits == 1):
         _PLANS[key] = plan
         if len(_PLANS) > _MAX_PLANS:
@@ -454,7 +458,10 @@ def _plan(key, q, k, paged, n_max, page_size, num_blocks, num_splits, sm_scale, 
 def _run(plan, q, k, v, lens, table, n_max, alibi_slopes, sinks, return_lse=True):
     """(o, lse) of one call by ``plan``: o new, and lse new unless it is not returned (then a
     buffer of the plan). ``n_max``: the cache's true length (the plan's may be longer)."""
-    out = empty_output(q, kd._empty)  # laid out as q is: a transposed q's O needs no copy
+    if plan.out_like and kd._empty is _EMPTY:
+        out = torch.empty_like(q)  # O's layout: it parses no shape, dtype or device
+    else:
+        out = empty_output(q, kd._empty)  # laid out as q is: a transposed q's O needs no copy
     if return_lse or plan.lse is None:
         lse = kd._empty(q.shape[:3], device=q.device, dtype=torch.float32)
         if not return_lse:

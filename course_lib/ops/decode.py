@@ -38,6 +38,8 @@ cache, a block id into the pool. The output is then wrong, but nothing is read o
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -206,6 +208,24 @@ def _capturing(stream: int) -> bool:
 # the plan: decided once per batch shape, then each step only launches
 # ---------------------------------------------------------------------------------------------
 
+class _Bound(NamedTuple):
+    """The launches of a plan's last step, bound (``DecodePlan._launch``), with what they were
+    bound for: the cache tensors and the variants' tensors, the cache's length, the arguments
+    that follow the addresses (``geometry``), the signature the compiled kernel depends on, and
+    the output addresses a bound merge kernel writes to."""
+
+    k: Tensor
+    v: Tensor
+    alibi: Tensor | None
+    sinks: Tensor | None
+    n_max: int
+    geometry: tuple
+    sig: tuple  # (q's strides, no lengths, the block table's row stride, integer classes)
+    split: object  # the split kernel's launch: split(*addresses, *geometry)
+    merges: tuple  # the merge kernel's launch, if any: merge()
+    outs: tuple  # (out, lse) addresses
+
+
 class DecodePlan:
     """A decode step planned once per batch shape; ``run`` then only launches the kernels.
 
@@ -227,9 +247,7 @@ class DecodePlan:
         self._device_index = q.get_device()
         self.out = self.lse = self._shapes = None
         self.out_like = False  # whether torch.empty_like(q) is O's layout (``_run``)
-        # (k, v, alibi, sinks, n_max, geometry, signature, the split kernel's bound launch, the
-        # merge kernel's, (out, lse) addresses): the launches of the last step
-        self._bound = None
+        self._bound: _Bound | None = None  # the launches of the last step
 
     def _launch(self, q, k, v, lens, table, out, lse, n_max, alibi, sinks) -> None:
         """One step into ``out``, ``lse``. The launches bound by the last step are repeated when
@@ -238,9 +256,9 @@ class DecodePlan:
         16-byte aligned, every integer's class), with q's strides, no profiler hooks and no
         CUDA-graph capture; a merge kernel's launch only for the same ``out`` and ``lse``."""
         b = self._bound
-        if (b is not None and b[0] is k and b[1] is v and b[2] is alibi and b[3] is sinks
-                and b[4] == n_max):
-            geometry, classes = b[5], b[6][3]  # the same cache: what was computed then
+        if (b is not None and b.k is k and b.v is v and b.alibi is alibi and b.sinks is sinks
+                and b.n_max == n_max):
+            geometry, classes = b.geometry, b.sig[3]  # the same cache: what was computed then
         else:
             geometry = (*kd.cache_geometry(self.paged, k, v), n_max,
                         *(t.data_ptr() for t in kd.variant_tensors(alibi, sinks)))
@@ -250,19 +268,19 @@ class DecodePlan:
                 p if table is None else table.data_ptr(), out.data_ptr(), lse.data_ptr())
         sig = (q.stride(), lens is None, None if table is None else table.stride(0), classes)
         stream = _stream_id(self._device_index)
-        if (b is not None and b[6] == sig and (not b[8] or b[9] == ptrs[5:])
+        if (b is not None and b.sig == sig and (not b.merges or b.outs == ptrs[5:])
                 and not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5] | ptrs[6]) & 15
                 and not hooks_installed() and not _capturing(stream)):
-            b[7](*ptrs, *geometry)
-            for merge in b[8]:
+            b.split(*ptrs, *geometry)
+            for merge in b.merges:
                 merge()
             return
         bind = not _capturing(stream)
         launches = kd.run_plan(self.plan, q, k, v, lens, table, self.sm_scale, out, lse,
                                bind=bind, n_max=n_max, alibi_slopes=alibi, sinks=sinks)
         self._bound = (None if not bind or launches is None else
-                       (k, v, alibi, sinks, n_max, geometry, sig, launches[0],
-                        tuple(launches[1:]), ptrs[5:]))
+                       _Bound(k, v, alibi, sinks, n_max, geometry, sig, launches[0],
+                              tuple(launches[1:]), ptrs[5:]))
 
     def run(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, return_lse=False,
             *, validate=None):
@@ -617,7 +635,6 @@ def _op_call(q, k, v, lens, table, n_max, page_size, num_blocks, num_splits, sm_
                and sinks is None else Variant((window_left, 0), softcap, alibi_slopes, sinks))
     cfg = dict(zip(("BLOCK_N", "num_warps", "num_stages"), config)) if config else None
     key = _plan_key(q, k, v, lens, table, sm_scale, num_splits, cfg,
-                    (NO_WINDOW, 0.0, None, None) if variant is None else
                     ((window_left, 0), softcap, alibi_slopes, sinks), operator=True)
     plan = _PLANS.get(key) or _plan(key, q, k, table is not None, n_max, page_size, num_blocks,
                                     num_splits or None, sm_scale, cfg, variant, operator=True)

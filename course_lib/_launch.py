@@ -1,30 +1,21 @@
 """Launch a Triton kernel again for a fraction of Triton's host time.
 
-``kernel[grid](*args, **kwargs)`` does a lot of work on the CPU before the GPU sees anything:
-it binds the arguments, computes their *specialization* (each tensor's dtype and whether its
-address is 16-byte aligned, each integer's value class: 1, a multiple of 16, or other), looks up
-the compiled kernel for it, checks that no global the kernel reads has changed, builds launch
-metadata, and only then calls the compiled launcher. For a decode step whose GPU time is a few
-tens of µs, that host work decides the step's time (lesson 12, section 8, measures it:
-course_lib/data/dropin.json, ``host``).
+Before the GPU sees anything, ``kernel[grid](*args, **kwargs)`` binds the arguments, computes
+their *specialization*, looks up the compiled kernel, checks the globals it reads and builds
+launch metadata. For a decode step of a few tens of µs on the GPU, that host work decides the
+step's time (lesson 12, section 8, measures it: course_lib/data/dropin.json, ``host``).
 
-``launch(kernel, grid, *args, **kwargs)`` does what ``kernel[grid](*args, **kwargs)`` does. The
-first call for a given key goes through Triton (which compiles if needed) and caches the compiled
-kernel; later calls with the same key call its launcher directly: the C function itself when
-the kernel needs no scratch memory, with each tensor handed over as its address (a Python int,
-which spares the launcher a ``data_ptr()`` call and a driver query per tensor). ``bind`` goes
-one step further for a launch repeated with new addresses only (a decode step): it returns a
-function that makes just that one call into the C launcher. Positional arguments must be the
-kernel's runtime parameters, constexprs keyword arguments. The key holds everything
-Triton's specialization depends on, conservatively: the kernel, the device, every tensor's dtype,
-device and 16-byte alignment (a TMA descriptor's too, with its shape, strides and block shape),
-every integer's specialization class (equal to 1, a multiple of 16, 32-bit or not), every
-other argument's value, and the keyword arguments (constexprs, num_warps, num_stages).
-The fast path is skipped, and Triton does everything, in the interpreter, when a launch hook is
-installed (a profiler) and when the grid is a callable. Triton's C launcher is internal to
-Triton and its arguments changed at 3.7 (``_direct`` knows both forms: 3.6's, and the one of
-3.7 to 3.9); where it is neither, a launch calls the compiled kernel's ``run``, the interface
-Triton's own ``kernel[grid]`` calls, which every supported version shares.
+``launch(kernel, grid, *args, **kwargs)`` does what ``kernel[grid](*args, **kwargs)`` does, but
+only the first call for a key goes through Triton (which compiles if needed); later calls call
+the compiled kernel's launcher directly. ``bind`` returns a function that repeats a launch with
+new addresses only (a decode step) as one call into the C launcher. Positional arguments must be
+the kernel's runtime parameters, constexprs keyword arguments. The key holds, conservatively, all
+that Triton specializes on (``_specialization``), the device and the keyword arguments.
+
+Triton does everything in the interpreter, when a launch hook is installed (a profiler) and
+when the grid is a callable. Its C launcher is internal, and its arguments changed at 3.7:
+``_direct`` knows 3.6's form and that of 3.7 to 3.9, else it calls the compiled kernel's
+``run``, the interface every supported version shares.
 """
 from __future__ import annotations
 
@@ -49,7 +40,7 @@ SLOW_LAUNCHES = 0  # launches that went through Triton's own path (the tests rea
 
 
 def _descriptor_key(d: TensorDescriptor) -> tuple:
-    # conservative: everything a host TMA descriptor holds but its base address
+    # everything a host TMA descriptor holds but its base address
     base = d.base
     return ("desc", base.dtype, base.get_device(), not base.data_ptr() & 15,
             tuple(d.shape), tuple(d.strides), tuple(d.block_shape), d.padding,
@@ -57,13 +48,12 @@ def _descriptor_key(d: TensorDescriptor) -> tuple:
 
 
 def _specialization(args) -> list:
-    # A list comprehension, the cheapest loop Python has (this runs on every launch), that
-    # tests ``type(a) is int`` first: ``isinstance(a, torch.Tensor)`` goes through the tensor
-    # metaclass's __instancecheck__ and costs several times more.
-    # An integer counts by the classes Triton specializes it on (equal to 1, a multiple of 16,
-    # 32 or 64 bits), not by its value: a KV cache that grows by a token leaves the key as it
-    # is. That tuple is ``int_classes``'s, written out here (a call per argument would cost every
-    # launch): the two must stay equal, or a bound launch would take a value it cannot.
+    # Runs on every launch, hence a list comprehension (Python's cheapest loop) that tests
+    # ``type(a) is int`` first (``isinstance(a, torch.Tensor)`` goes through the tensor
+    # metaclass's __instancecheck__ and costs several times more). An integer counts by its
+    # class, not its value: a KV cache that grows by a token keeps its key. The tuple is
+    # ``int_classes``'s (which ``bind``'s callers test), written out to spare a call per
+    # argument: the two must stay equal.
     return [(a == 1, not a & 15, -0x80000000 <= a <= 0x7FFFFFFF) if type(a) is int else
             (a.dtype, a.get_device(), not a.data_ptr() & 15) if isinstance(a, torch.Tensor)
             else (float if type(a) is float else
@@ -77,18 +67,17 @@ def int_classes(values) -> tuple:
 
 
 def _pointers(args) -> list:
-    # A tensor goes to the compiled launcher as its address, a Python int: the launcher then
-    # skips the ``data_ptr()`` call and the driver query (cuPointerGetAttribute) it makes for
-    # every tensor it is given. The key above holds each tensor's device, so a tensor on
-    # another device (or the CPU) never takes this path without Triton's check first.
-    # (A TensorDescriptor stays an object: the launcher encodes it.)
+    # A tensor goes to the launcher as its address: it then skips a ``data_ptr()`` call and a
+    # driver query (cuPointerGetAttribute) per tensor. The key holds each tensor's device, so
+    # a tensor elsewhere never gets here unchecked. A TensorDescriptor stays: the launcher
+    # encodes it.
     return [a if type(a) is int else a.data_ptr() if isinstance(a, torch.Tensor) else a
             for a in args]
 
 
 def _tail(kernel, n_positional: int, kwargs: dict) -> tuple:
     """The values of the parameters after the positional ones, in the kernel's order: what the
-    compiled launcher takes after them (constexprs included; it skips them itself)."""
+    launcher takes after them (constexprs included; it skips them)."""
     out = []
     for p in kernel.params[n_positional:]:
         if p.name in kwargs:
@@ -101,8 +90,8 @@ def _tail(kernel, n_positional: int, kwargs: dict) -> tuple:
 
 
 def hooks_installed() -> bool:
-    """Whether a profiler hooked Triton's launches (then Triton launches, and calls them).
-    Triton 3.5+ keeps the hooks in a ``HookChain``, never None: what counts is its ``calls``."""
+    """Whether a profiler hooked Triton's launches (then Triton launches). Triton 3.5+ keeps
+    the hooks in a ``HookChain``, never None: what counts is its ``calls``."""
     rt = _knobs.runtime
     enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
     return bool(getattr(enter, "calls", enter is not None)
@@ -115,9 +104,9 @@ def _grid3(grid) -> tuple:
 
 
 def _direct(compiled):
-    """``call(gx, gy, gz, stream, args)``: the compiled kernel's launch with no launch hooks, as
-    one call into Triton's C launcher where the kernel needs no scratch memory (the Python
-    wrapper around it then only adds time), else through ``compiled.run``."""
+    """``call(gx, gy, gz, stream, args)``: the compiled kernel's launch with no hooks. One call
+    into Triton's C launcher where the kernel needs no scratch memory (the Python wrapper
+    around it then only adds time), else ``compiled.run``."""
     run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
     direct = getattr(run, "launch", None)
     if (direct is None or getattr(run, "global_scratch_size", 1) != 0
@@ -148,8 +137,8 @@ class _Entry:
 
 
 def _launch(kernel, grid, args, kwargs):
-    """Launch through the cache: (the compiled kernel, its cache entry, or None where this
-    Triton's compiled kernels launch differently)."""
+    """Launch through the cache: (the compiled kernel, its entry or None where this Triton's
+    compiled kernels launch differently)."""
     global FAST, SLOW_LAUNCHES
     driver = _driver.active
     device = driver.get_current_device()
@@ -159,7 +148,7 @@ def _launch(kernel, grid, args, kwargs):
         SLOW_LAUNCHES += 1
         compiled = kernel[grid](*args, **kwargs)
         if not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
-            FAST = False  # a Triton whose compiled kernels launch differently: always the slow path
+            FAST = False  # compiled kernels that launch differently: always the slow path
             return compiled, None
         entry = _CACHE[key] = _Entry(compiled, _tail(kernel, len(args), kwargs))
         if len(_CACHE) > _MAX_ENTRIES:
@@ -178,19 +167,18 @@ def launch(kernel, grid, *args, **kwargs):
 
 def bind(free, kernel, grid, *args, **kwargs):
     """Launch ``kernel[grid](*args, **kwargs)`` now, and return ``again(*values)``: the same
-    launch with the free arguments replaced by ``values``, everything else as now, on the then
-    current stream. ``free`` is a number n (the first n arguments) or a tuple of positions; a
-    free tensor is given as its address (an int), a free integer as its new value. ``again``
-    skips even the key of ``launch``: a planned decode step (``course_lib.ops.DecodePlan``) is
-    then one call into Triton's C launcher. A free argument that is a TMA descriptor keeps its
-    shape, strides and block shape and moves to the new address: Triton's launcher encodes it
-    there (``_DescriptorAt``).
+    launch with the free arguments replaced by ``values``, on the then current stream. ``free``
+    is a number n (the first n arguments) or a tuple of positions; a free tensor is given as its
+    address (an int), a free integer as its new value. ``again`` skips even ``launch``'s key: a
+    planned decode step (``course_lib.ops.DecodePlan``) is one call into Triton's C launcher.
+    A free TMA descriptor keeps its shape, strides and block shape and moves to the new
+    address (``_DescriptorAt``).
 
     ``again`` checks nothing. The caller makes sure that the tensors behind the new addresses
     have the dtypes, devices and 16-byte alignment of the ones bound now, that every new
-    integer has its predecessor's specialization class (``int_classes``), and that the other
-    arguments would be the same (what the compiled kernel is specialised on), and that no
-    profiler hooks are installed (``hooks_installed``). Returns None where the fast path is off.
+    integer has its predecessor's specialization class (``int_classes``), that the other
+    arguments would be the same, and that no profiler hooks are installed
+    (``hooks_installed``). Returns None where the fast path is off.
     """
     if not FAST or callable(grid):
         kernel[grid](*args, **kwargs)
@@ -235,8 +223,7 @@ class _Address:
 
 class _DescriptorAt:
     """The TensorDescriptor ``like`` with its base moved to ``address``: what Triton's launcher
-    reads of a descriptor (the base's ``data_ptr()``, shape, strides, padding) when it encodes
-    the TMA descriptor of a launch, without building a new TensorDescriptor on the host."""
+    reads when it encodes a TMA descriptor, without building a new TensorDescriptor."""
 
     __slots__ = ("base", "shape", "strides", "block_shape", "padding", "round_f32_to_tf32")
 

@@ -33,10 +33,8 @@ def check_tensor(name: str, t, ndim: int) -> None:
     if t.dtype not in GPU_DTYPES:
         raise TypeError(f"{name} has dtype {t.dtype}; use float16, bfloat16 or float32")
     if not (t.is_cuda if DEVICE == "cuda" else t.is_cpu):  # (t.device.type costs ~5x more)
-        raise ValueError(
-            f"{name} is on {t.device}, but the course's kernels run on {expected_device()!r} "
-            "(see course_lib.describe())"
-        )
+        raise ValueError(f"{name} is on {t.device}, but the course's kernels run on "
+                         f"{expected_device()!r} (see course_lib.describe())")
 
 
 def check_attention_inputs(q, k, v, head_dims=HEAD_DIMS):

@@ -53,10 +53,19 @@ def _same_precision(q, k, v, lens):
                       for b in range(q.shape[0])])
 
 
-def _poison_kernel_outputs(monkeypatch):
-    """Make every buffer the wrappers allocate (partials, output, lse) start as NaN."""
-    real_empty = dec._empty
-    monkeypatch.setattr(dec, "_empty", lambda *a, **kw: poison_(real_empty(*a, **kw)))
+def _poison_kernel_outputs(monkeypatch, seen=None):
+    """Make every floating-point buffer ``torch.empty`` and ``torch.empty_like`` allocate
+    (partials, output, lse) start as NaN; ``seen``: a list that gets every tensor allocated."""
+    def poisoned(allocate):
+        def empty(*args, **kwargs):
+            t = allocate(*args, **kwargs)
+            if seen is not None:
+                seen.append(t)
+            return poison_(t) if t.is_floating_point() else t
+        return empty
+
+    monkeypatch.setattr(torch, "empty", poisoned(torch.empty))
+    monkeypatch.setattr(torch, "empty_like", poisoned(torch.empty_like))
     opd.forget_plans()  # no reused split buffers
 
 
@@ -84,16 +93,14 @@ def test_a_growing_cache_keeps_its_plan(monkeypatch):
     lengths (the kernel is told the true one), and every step still matches the reference."""
     B, H, H_kv, D = 1, 4, 2, 32
     k_all, v_all = fresh_randn(B, H_kv, 150, D), fresh_randn(B, H_kv, 150, D)
-    _poison_kernel_outputs(monkeypatch)
-    allocated = []
-    poisoned_empty = dec._empty
-    monkeypatch.setattr(dec, "_empty", lambda shape, **kw: allocated.append(tuple(shape))
-                        or poisoned_empty(shape, **kw))
+    seen = []
+    _poison_kernel_outputs(monkeypatch, seen)
     for n in (129, 130, 141, 149):  # one bucket: up to 192 keys
         q = fresh_randn(B, H, 1, D)
         k, v = k_all[:, :, :n].contiguous(), v_all[:, :, :n].contiguous()
         o, lse = flash_decode(q, k, v, num_splits=2, return_lse=True)
         _check(o, lse, q, k, v, None, f"{n} keys")
+    allocated = [tuple(t.shape) for t in seen]
     assert allocated.count((B, H, 1, 2, D)) == 1, "a plan's split buffers were made again"
     assert [opd._length_bucket(n) for n in (1, 64, 65, 2048, 2049, 2304, 2305)] == [
         64, 64, 128, 2048, 2304, 2304, 2560]
@@ -104,22 +111,20 @@ def test_an_lse_not_returned_goes_to_the_plans_buffer(monkeypatch):
     goes to a buffer of the plan. With it, the lse is a new tensor every call."""
     B, H, H_kv, D, n = 2, 4, 2, 32, 37
     k, v = fresh_randn(B, H_kv, n, D), fresh_randn(B, H_kv, n, D)
-    _poison_kernel_outputs(monkeypatch)
-    allocated = []
-    poisoned_empty = dec._empty
-    monkeypatch.setattr(dec, "_empty", lambda shape, **kw: allocated.append(tuple(shape))
-                        or poisoned_empty(shape, **kw))
+    seen = []
+    _poison_kernel_outputs(monkeypatch, seen)
     for num_splits in (1, 3):
         for step in range(2):
             q = fresh_randn(B, H, 1, D)
-            allocated.clear()
+            seen.clear()
             o = flash_decode(q, k, v, num_splits=num_splits)
             # the output every call; an lse-shaped buffer only once, for the plan
+            allocated = [tuple(t.shape) for t in seen]
             assert allocated.count((B, H, 1, D)) == 1
             assert allocated.count((B, H, 1)) == (step == 0), allocated
-            allocated.clear()
+            seen.clear()
             o2, lse = flash_decode(q, k, v, num_splits=num_splits, return_lse=True)
-            assert allocated == [(B, H, 1, D), (B, H, 1)]
+            assert [tuple(t.shape) for t in seen] == [(B, H, 1, D), (B, H, 1)]
             _check(o2, lse, q, k, v, None, f"{num_splits} splits")
             assert torch.equal(o, o2)
 
@@ -490,11 +495,11 @@ def test_variant_operators_opcheck_and_compile():
     kw = _variant_kwargs("all", B, H, q.device)
     variants = (13, kw["softcap"], kw["alibi_slopes"], kw["sinks"])
     torch.library.opcheck(torch.ops.course.flash_decode.default,
-                          (q, k, v, lens, 0, 0.25, [], *variants))
-    torch.library.opcheck(torch.ops.course.flash_decode.default, (q, k, v, lens, 2, 0.25, []))
+                          (q, k, v, lens, 0, 0.25, *variants))
+    torch.library.opcheck(torch.ops.course.flash_decode.default, (q, k, v, lens, 2, 0.25))
     k_pages, v_pages, table = _paged(k, v)
     torch.library.opcheck(torch.ops.course.paged_decode.default,
-                          (q, k_pages, v_pages, table, lens, 3, 0.25, [], *variants))
+                          (q, k_pages, v_pages, table, lens, 3, 0.25, *variants))
     torch._dynamo.reset()
 
     def step(q, k, v, lens, k_pages, v_pages, table):
@@ -727,8 +732,6 @@ def test_flash_decode_bad_input_names_the_argument():
         flash_decode(fresh_randn(2, 3, 1, 32, dtype=torch.float16), k, v, lens)
     with pytest.raises(ValueError, match="q must have 4 dimensions"):
         flash_decode(q[0], k, v, lens)
-    with pytest.raises(ValueError, match="config"):
-        flash_decode(q, k, v, lens, config={"BLOCK_N": 24})
 
 
 def test_paged_decode_bad_input_names_the_argument():
@@ -909,7 +912,9 @@ def test_gpu_long_context_deals_the_tiles(paged):
                          "s{num_stages}".format(**c))
 def test_gpu_every_tuning_config_is_correct(config):
     q, k, v, lens = _inputs(2, 32, 8, 1, 5000, 128, [5000, 777], torch.float16)
-    o, lse = flash_decode(q, k, v, lens, return_lse=True, config=config)
+    plan = dec.make_plan(2, 32, 8, 1, 128, 5000, q.device, config=config)
+    o, lse = torch.empty_like(q), torch.empty(2, 32, 1, device=q.device)
+    dec.run_plan(plan, q, k, v, lens, None, 128 ** -0.5, o, lse)
     _check(o, lse, q, k, v, lens, str(config))
 
 
@@ -984,17 +989,11 @@ def test_split_bounds_is_the_kernels_partition(monkeypatch):
     block_n = dec.pick_config(32)["BLOCK_N"]
     lse_parts = {}
 
-    real_empty = dec._empty
-
-    def keep(shape, device, dtype):
-        t = real_empty(shape, device, dtype)
-        if len(shape) == 4 and dtype == torch.float32 and shape[-1] == 3:  # lse_part
-            lse_parts["t"] = t
-        return t
-
-    monkeypatch.setattr(dec, "_empty", keep)
-    opd.forget_plans()  # a new plan: its buffers are seen
+    seen = []
+    _poison_kernel_outputs(monkeypatch, seen)  # (and a new plan: its buffers are seen)
     flash_decode(q, k, v, lens, num_splits=3)
+    lse_parts["t"], = [t for t in seen if t.ndim == 4 and t.dtype == torch.float32
+                       and t.shape[-1] == 3]  # the splits' lse_part
     got = lse_parts["t"][0, :, 0].cpu()  # (H, splits)
     s = torch.einsum("hd,hnd->hn", q[0, :, 0].float(), k[0].float()) * 32 ** -0.5  # (H, N)
     for i, (lo, hi) in enumerate(split_bounds(100, 3, block_n)):

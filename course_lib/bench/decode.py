@@ -259,19 +259,24 @@ class GPUMeasure:
         """
         import torch.nn.functional as F
 
-        from course_lib.ops import flash_decode, paged_decode
+        from course_lib.ops import flash_decode, paged_decode, plan_decode
 
         d = self._data
         cfg = self.configs.get((shape["B"], shape["N"]), {})
+        if cfg.get("config") and name in ("flash_decode", "paged_decode"):  # tuned: a plan
+            paged = name == "paged_decode"
+            k, v = (d["k_pages"], d["v_pages"]) if paged else (d["k"], d["v"])
+            table = d["table"] if paged else None
+            plan = plan_decode(d["q"], k, v, block_table=table,
+                               num_splits=cfg.get("num_splits"), config=cfg["config"])
+            return lambda: plan.run(d["q"], k, v, d["lens"], table, validate=validate)
         if name == "flash_decode":
             return lambda: flash_decode(d["q"], d["k"], d["v"], d["lens"], validate=validate,
-                                        num_splits=cfg.get("num_splits"),
-                                        config=cfg.get("config"))
+                                        num_splits=cfg.get("num_splits"))
         if name == "paged_decode":
             return lambda: paged_decode(d["q"], d["k_pages"], d["v_pages"], d["table"],
                                         d["lens"], validate=validate,
-                                        num_splits=cfg.get("num_splits"),
-                                        config=cfg.get("config"))
+                                        num_splits=cfg.get("num_splits"))
         if name == "flash_attn_v2":  # the prefill kernel asked to decode: one program per
             from course_lib.ops import flash_attn_v2  # (query block, head)
 
@@ -352,11 +357,12 @@ class GPUMeasure:
 
 
 def tune(measure: GPUMeasure, shape_list, progress: bool = True) -> dict:
-    """Time flash_decode for every TUNE_CONFIGS × a few split counts; the best per shape."""
+    """Time a planned decode step for every TUNE_CONFIGS × a few split counts; the best per
+    shape."""
     from tqdm.auto import tqdm
 
     from course_lib.kernels.decode import choose_num_splits
-    from course_lib.ops import flash_decode
+    from course_lib.ops import plan_decode
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     best, trials = {}, []
@@ -372,9 +378,9 @@ def tune(measure: GPUMeasure, shape_list, progress: bool = True) -> dict:
                         desc=f"tune B={shape['B']} N={shape['N']}"):
             for s in splits:
                 try:
-                    ms = median_ms(lambda: flash_decode(d["q"], d["k"], d["v"], d["lens"],
-                                                        num_splits=s, config=cfg,
-                                                        validate=False),
+                    plan = plan_decode(d["q"], d["k"], d["v"], num_splits=s, config=cfg)
+                    ms = median_ms(lambda: plan.run(d["q"], d["k"], d["v"], d["lens"],
+                                                    validate=False),
                                    warmup_ms=25, rep_ms=100)
                 except Exception as exc:  # a config that does not compile is skipped
                     trials.append({**cfg, "num_splits": s, "B": shape["B"], "N": shape["N"],
@@ -435,7 +441,7 @@ def parse_args(argv=None):
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="B = 1 only")
     ap.add_argument("--tune", action="store_true",
-                    help="sweep flash_decode's configs and split counts first, then use the best")
+                    help="sweep the decode configs and split counts first, then use the best")
     ap.add_argument("--providers", default=",".join(PROVIDERS),
                     help="comma-separated subset of " + ",".join(PROVIDERS))
     ap.add_argument("--out", type=Path, default=DATA_DIR, help="where the JSON and PNG go")

@@ -307,10 +307,10 @@ def dispatch_rows(rounds: int = 7) -> dict:
                                              None if impl == "auto" else impl)
 
         def dec(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                cache_seqlens: torch.Tensor | None, num_splits: int, sm_scale: float,
-                config: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+                cache_seqlens: torch.Tensor | None, num_splits: int,
+                sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
             return od._op_call(q, k_cache, v_cache, cache_seqlens, None, k_cache.shape[2], 1,
-                               1, num_splits, sm_scale, config, -1, 0.0, None, None)
+                               1, num_splits, sm_scale, -1, 0.0, None, None)
 
         torch.library.custom_op(f"{lib}::flash_attn_fwd", fwd, mutates_args=()) \
             .register_fake(oa._flash_attn_fwd_fake)
@@ -318,7 +318,7 @@ def dispatch_rows(rounds: int = 7) -> dict:
             .register_fake(od._fake_outputs)
     ops = getattr(torch.ops, lib)
     q, k, v, qd, kd, lens = _tiny_inputs()
-    fwd_args, dec_args = (q, k, v, True, 0.125, "auto"), (qd, kd, kd, lens, 0, 128 ** -0.5, [])
+    fwd_args, dec_args = (q, k, v, True, 0.125, "auto"), (qd, kd, kd, lens, 0, 128 ** -0.5)
     fns = {
         "flash_attn_fwd_library_us": lambda: torch.ops.course.flash_attn_fwd(*fwd_args),
         "flash_attn_fwd_custom_op_us": lambda: ops.flash_attn_fwd(*fwd_args),
@@ -326,7 +326,7 @@ def dispatch_rows(rounds: int = 7) -> dict:
         "flash_decode_library_us": lambda: torch.ops.course.flash_decode(*dec_args),
         "flash_decode_custom_op_us": lambda: ops.flash_decode(*dec_args),
         "flash_decode_direct_us": lambda: od._op_call(qd, kd, kd, lens, None, kd.shape[2], 1,
-                                                      1, 0, 128 ** -0.5, [], -1, 0.0, None,
+                                                      1, 0, 128 ** -0.5, -1, 0.0, None,
                                                       None),
     }
     sdpa, backends = _sdpa_host_fns(q, k, v)

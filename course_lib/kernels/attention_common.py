@@ -1,27 +1,12 @@
-"""What the FlashAttention-2 kernels share: the online-softmax step, the causal key range, the
-epilogue, the program coordinates, and how a kernel is launched.
+"""What the FlashAttention-2 kernels share: the online softmax in base 2 (``_softmax_scores``,
+``_online_softmax_step``, ``_fresh_state``, ``_epilogue``), a Q block's keys and program
+(``_causal_bounds``, ``_q_block_program``), masks for ragged rows and padded head dims
+(``_tile_mask``, ``_load_tile``), the backward's first step (``_bwd_preprocess_kernel``) and
+``launch``: a config from the kernel's table (or an autotuner's), launched or bound.
 
 Introduced in notebooks/08_triton_flash_v2.ipynb. Imported by the portable forward
-(``flash_v2.py``), the Hopper forward (``flash_v2_hopper.py``) and the backward (``flash_bwd.py``),
-so that none of them imports another: each kernel file holds one version's ``@triton.jit`` code
-and its launcher.
-
-* ``_softmax_scores``, ``_online_softmax_step``: one step of the online softmax on a
-  (BLOCK_M, BLOCK_N) score tile in base 2 (``qk_scale = sm_scale · log2 e``), masked or not;
-* ``_causal_bounds``: a Q block's key range, [0, lo_masked) without a mask, [lo_masked, hi)
-  with one (bottom-right causal: query i sees keys j <= i + N_k − N_q);
-* ``_epilogue``: the one division O = acc / l, and lse = (m + log2 l) · ln 2;
-* ``_tile_mask``, ``_load_tile``: loads masked by rows, by padded head-dim columns, or both;
-* ``head_dim_pad``: the power of two a kernel's tiles span for a head dim that is not one
-  (every multiple of 8 from 16 to 256 runs; the columns past D are masked in each kernel, and
-  the config tables are keyed by the padded dim);
-* ``_q_block_program``: which Q block and head a program owns (Q blocks fastest, GQA heads
-  neighbours, causal grids longest rows first);
-* ``launch``: a config from the kernel's table, or an autotuner's pick for long sequences,
-  and the launch bound for repeating it (``course_lib._launch.bind``);
-* ``_bwd_preprocess_kernel``: the backward's first step, delta = rowsum(dO ∘ O) and the lse in
-  base 2 (``flash_bwd.py`` and the variants' ``flash_variants_bwd.py``);
-* ``LOG2E``, ``LN2``: the change of base, for every kernel file.
+(``flash_v2.py``), the Hopper forward (``flash_v2_hopper.py``) and the backwards, so that no
+kernel file imports another's ``@triton.jit`` code.
 """
 from __future__ import annotations
 
@@ -45,12 +30,10 @@ LN2 = tl.constexpr(0.6931471805599453)
 
 @triton.jit
 def _softmax_scores(qk, m_i, valid, qk_scale, MASKED: tl.constexpr):
-    """The exponentials of one (BLOCK_M, BLOCK_N) score tile: (p, α, m_new).
-
-    ``qk`` holds raw q·k; ``p`` is e^{s - m_new} in the exp2 domain and α = e^{m_old - m_new}
-    rescales what was accumulated before. With MASKED, entries where ``valid`` is False count as
-    -inf, and a row with no valid entry so far keeps m = -inf (p = α = 0) without producing NaN.
-    """
+    """The exponentials of one (BLOCK_M, BLOCK_N) tile of raw q·k: (p, α, m_new). ``p`` is
+    e^{s - m_new} in the exp2 domain; α = e^{m_old - m_new} rescales what was accumulated before.
+    With MASKED, entries where ``valid`` is False count as -inf, and a row with no valid entry so
+    far keeps m = -inf (p = α = 0) without producing NaN."""
     if MASKED:
         s = tl.where(valid, qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -66,10 +49,8 @@ def _softmax_scores(qk, m_i, valid, qk_scale, MASKED: tl.constexpr):
 
 @triton.jit
 def _online_softmax_step(qk, m_i, l_i, acc, valid, qk_scale, MASKED: tl.constexpr):
-    """One step of the online softmax on a (BLOCK_M, BLOCK_N) score tile.
-
-    Returns (p, m_new, l_new, acc rescaled by α); see ``_softmax_scores`` for p, α and masking.
-    """
+    """One step of the online softmax on a score tile: (p, m_new, l_new, acc rescaled by α),
+    p, α and the mask as in ``_softmax_scores``."""
     p, alpha, m_new = _softmax_scores(qk, m_i, valid, qk_scale, MASKED)
     l_new = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
@@ -79,10 +60,8 @@ def _online_softmax_step(qk, m_i, l_i, acc, valid, qk_scale, MASKED: tl.constexp
 @triton.jit
 def _causal_bounds(start_m, N_Q, N_K, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr):
-    """Key range of a Q block: [0, lo_masked) needs no mask, [lo_masked, hi) does.
-
-    Causal is bottom-right aligned: query i sees keys j <= i + N_K - N_Q.
-    """
+    """Key range of a Q block: [0, lo_masked) needs no mask, [lo_masked, hi) does. Causal is
+    bottom-right aligned: query i sees keys j <= i + N_K - N_Q."""
     if CAUSAL:
         offset = N_K - N_Q
         hi = tl.minimum(N_K, start_m + BLOCK_M + offset)  # last key any row of the block sees
@@ -92,6 +71,15 @@ def _causal_bounds(start_m, N_Q, N_K, CAUSAL: tl.constexpr, BLOCK_M: tl.constexp
         hi = N_K
         lo_masked = (N_K // BLOCK_N) * BLOCK_N
     return lo_masked, hi
+
+
+@triton.jit
+def _epilogue(acc, m_i, l_i):
+    """Deferred normalisation: O = acc / l once; lse = ln(Σ e^s) = (m + log2 l)·ln 2."""
+    empty = l_i == 0.0  # rows that saw no key
+    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_i)) * LN2)
+    return o, lse
 
 
 # width of the ones tile of ROWSUM_MMA (the Hopper kernels): the narrowest tl.dot takes
@@ -112,12 +100,17 @@ def _fresh_state(BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, ROWSUM_MMA: tl.c
 
 
 @triton.jit
-def _epilogue(acc, m_i, l_i):
-    """Deferred normalisation: O = acc / l once; lse = ln(Σ e^s) = (m + log2 l)·ln 2."""
-    empty = l_i == 0.0  # rows that saw no key
-    o = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_i)) * LN2)
-    return o, lse
+def _q_block_program(H, GROUP, CAUSAL: tl.constexpr):
+    """Which Q block and head this program owns: (pid_m, pid_bh, b, h, h_kv). Q blocks vary
+    fastest (axis 0), so a head's K/V stays hot in L2; a GQA group's heads are neighbours on axis
+    1. Causal grids run the longest rows first, for a better balanced tail."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    if CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m
+    b = pid_bh // H
+    h = pid_bh % H
+    return pid_m, pid_bh, b, h, h // GROUP
 
 
 @triton.jit
@@ -145,7 +138,6 @@ def _load_tile(ptrs, rows_ok, cols_ok, ROWS: tl.constexpr, COLS: tl.constexpr):
 def _bwd_preprocess_kernel(O, DO, LSE, Delta, LSE2, N_Q, H, stride_b, stride_h, stride_m,
                            HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     """delta = rowsum(dO ∘ O) and lse₂ = lse · log2 e for BLOCK_M rows of one (batch, head).
-
     O and DO share strides counted in rows of HEAD_DIM elements (an element stride divided by
     HEAD_DIM, so every address is a multiple of HEAD_DIM and a head dim like 40 keeps 16-byte
     loads): row r of (b, h) starts at element (b·stride_b + h·stride_h + r·stride_m)·HEAD_DIM.
@@ -188,45 +180,22 @@ def next_pow2(n: int) -> int:
 
 def head_dim_pad(head_dim: int) -> int:
     """The power of two a kernel's ``tl.arange`` spans for this head dim (40 -> 64, 80 -> 128).
-
-    The config tables are keyed by it: a padded tile costs what the power-of-two tile costs.
-    """
+    The config tables are keyed by it: a padded tile costs what the power-of-two tile costs."""
     return next_pow2(head_dim)
 
 
-@triton.jit
-def _q_block_program(H, GROUP, CAUSAL: tl.constexpr):
-    """Which Q block and head this program owns: (pid_m, pid_bh, b, h, h_kv).
-
-    Q blocks vary fastest (axis 0): a head's K/V stays hot in L2. The heads of a GQA group are
-    neighbours on axis 1. Causal grids run the longest rows first, for better load balance at
-    the tail of the grid. Shared by the forward kernels and the backward's dQ kernel.
-    """
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    if CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    b = pid_bh // H
-    h = pid_bh % H
-    return pid_m, pid_bh, b, h, h // GROUP
-
-
 # Autotuning compiles every candidate once per (head dim, causal, dtype, group) and times them
-# once per length bucket: worth it for long sequences only. Shorter problems (and the first
-# call of every new shape in a test-suite) take the kernel's table's config directly.
+# once per length bucket: worth it for long sequences only. Shorter ones take the table's config.
 AUTOTUNE_MIN_N = 2048
 INTERPRETER_BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 16}
 
 
 def launch(kernel, grid_of, args, meta, config, tuned=None, prepare=None, free: int = 0):
-    """Launch ``kernel`` with ``config`` (a ``triton.Config`` from the kernel's table).
-
-    ``grid_of(BLOCK_M)`` gives the grid. ``tuned``: an autotuner over candidates that picks the
-    config instead, on a GPU. ``prepare(blocks)`` readies the launch for the config's blocks (the
-    TMA descriptors' block shapes). In the interpreter the blocks are ``INTERPRETER_BLOCKS``
-    (the GPU's code path, small tiles). ``free`` > 0: return the launch bound to every argument
-    but the first ``free`` addresses (``course_lib._launch.bind``), or None where none is bound.
-    """
+    """Launch ``kernel`` with ``config`` (a ``triton.Config`` from the kernel's table) on the
+    grid ``grid_of(BLOCK_M)``. ``tuned``: an autotuner that picks the config instead, on a GPU.
+    ``prepare(blocks)`` readies the launch for the blocks (the TMA descriptors' block shapes).
+    The interpreter runs ``INTERPRETER_BLOCKS``. ``free`` > 0: return the launch bound to every
+    argument but the first ``free`` addresses (``course_lib._launch.bind``), or None."""
     if tuned is not None and not INTERPRET:
         tuned[lambda m: grid_of(m["BLOCK_M"])](*args, **meta)
         if not free:
@@ -256,13 +225,9 @@ def aligned(*tensors) -> bool:
 
 
 def interpreter_errstate():
-    """NumPy's floating-point warnings off while the Triton interpreter runs a kernel of ours.
-
-    The interpreter computes every lane with NumPy, the branch ``tl.where`` discards included,
-    and NumPy warns about values the kernel computes on purpose and then drops: log2(0) = -inf
-    in ``_epilogue`` for a row that sees no key, exp2 overflowing to inf in the backward's
-    scores outside the mask. A no-op on a GPU.
-    """
+    """NumPy's floating-point warnings off while the Triton interpreter runs a kernel of ours:
+    it computes every lane, the branch ``tl.where`` discards included (log2(0) in ``_epilogue``,
+    exp2 overflowing outside the backward's mask). A no-op on a GPU."""
     if INTERPRET:
         return np.errstate(divide="ignore", invalid="ignore", over="ignore")
     return contextlib.nullcontext()
@@ -274,12 +239,10 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 
 def empty_output(q, empty=None):
-    """O's buffer, shape (B, H, N_q, D) in q's dtype, laid out as q is.
-
-    A q that is a (B, N_q, H, D) tensor seen through ``transpose(1, 2)`` (how transformers and
-    most models hold it) gets an O of that layout too: ``o.transpose(1, 2)`` is then contiguous
-    and the model's next step copies nothing (SDPA's kernels do the same). Any other q gets a
-    contiguous O. ``empty``: the allocator (default ``torch.empty``; tests poison the buffer)."""
+    """O's buffer, shape (B, H, N_q, D) in q's dtype. A q that is a (B, N_q, H, D) tensor seen
+    through ``transpose(1, 2)`` (how most models hold it) gets an O of that layout, so the model's
+    next step copies nothing (as with SDPA); any other q a contiguous O. ``empty``: the allocator
+    (default ``torch.empty``; tests poison the buffer)."""
     empty = empty or torch.empty
     B, H, N_Q, D = q.shape
     if q.stride() == (N_Q * H * D, D, H * D, 1) and H > 1 and N_Q > 1:
@@ -288,10 +251,9 @@ def empty_output(q, empty=None):
 
 
 def call_key(q, k, v, sm_scale) -> tuple:
-    """What the checks of an attention call (``course_lib.validate``) and its launch read of
-    q, k, v and the scale: shapes, strides, dtypes, devices, and the scale with its type (True
-    equals 1.0 but is no scale). A call whose key equals a checked call's passes the same
-    checks. AttributeError when an input is not a tensor."""
+    """What an attention call's checks (``course_lib.validate``) and launch read: a call with a
+    checked call's key passes the same checks. Shapes, strides, dtypes, devices, and the scale
+    with its type (True equals 1.0 but is no scale); AttributeError for a non-tensor."""
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype,
             v.dtype, q.get_device(), k.get_device(), v.get_device(), type(sm_scale), sm_scale)
 
@@ -301,6 +263,4 @@ def allocate_outputs(q, out=None, lse=True):
     (None with ``lse=False``: a kernel told not to store it); tests pass NaN-poisoned ``out``."""
     if out is not None:
         return out
-    B, H, N_Q, D = q.shape
-    return (empty_output(q),
-            q.new_empty((B, H, N_Q), dtype=torch.float32) if lse else None)
+    return empty_output(q), (q.new_empty(q.shape[:3], dtype=torch.float32) if lse else None)

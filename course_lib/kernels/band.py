@@ -1,20 +1,10 @@
-"""The rules of attention's variants in Triton: which key blocks a program visits, and the
-change to the scores. The jit twins of ``course_lib.masks``, shared by the variants' forward
-(``flash_variants.py``), their backward (``flash_variants_bwd.py``) and the decode
-(``decode.py``), so that none of them imports another's ``@triton.jit`` code.
+"""The rules of attention's variants in Triton: which key blocks a program visits, the change to
+the scores, where a packed sequence starts, how a sink joins the softmax. The jit twins of
+``course_lib.masks``, shared by the variants' forward (``flash_variants.py``), backward
+(``flash_variants_bwd.py``) and decode (``decode.py``), so that none imports another kernel file.
 
-Introduced in notebooks/15_attention_variants.ipynb.
-
-* ``_band_bounds``: the key blocks of a block of query rows, skipped / masked / unmasked
-  (``masks.block_key_range``; a test holds the two together);
-* ``_key_limits``: the keys each query row sees as two bounds, j_lo <= j <= j_hi
-  (``masks.key_bounds``), for the masked tiles;
-* ``_tanh``, ``_variant_scores``: softcap and ALiBi on a tile of raw scores, in q·k's units;
-* ``_sequence``: where sequence b of packed sequences (varlen) starts, and its lengths;
-* ``_join_sink``: a head's sink joins a row's softmax after the key loop (the forward kernels,
-  and the decode's split kernel where it is the only split).
-
-Speed: not benchmarked on its own; the kernels that use it state theirs.
+Introduced in notebooks/15_attention_variants.ipynb. Speed: not benchmarked on its own; the
+kernels that use it state theirs.
 """
 from __future__ import annotations
 
@@ -112,3 +102,16 @@ def _sequence(CU_Q, CU_K, b, N_Q, N_K, VARLEN: tl.constexpr):
         q_start = b.to(tl.int64) * 0
         k_start = q_start
     return q_start, k_start, N_Q, N_K
+
+
+def variant_args(variant, sm_scale: float, unused) -> tuple:
+    """A checked ``Variant`` as the variants' forward kernels take it: the tensors (ALIBI, SINKS),
+    ``unused`` (never read) for an absent one; the scalars (stride_alibi_b, sm_scale, softcap);
+    the window (LEFT, RIGHT); the constexprs of the variant."""
+    window, softcap, alibi, sinks = variant
+    tensors = (unused if alibi is None else alibi, unused if sinks is None else sinks)
+    alibi_b = alibi.stride(0) if alibi is not None and alibi.ndim == 2 else 0  # 0: one per head
+    scalars = (alibi_b, float(sm_scale), float(softcap) or 1.0)  # (1.0: no softcap, never read)
+    meta = {"LONGEST_FIRST": tuple(window) == (-1, 0), "HAS_SOFTCAP": softcap > 0,
+            "HAS_ALIBI": alibi is not None, "HAS_SINKS": sinks is not None}
+    return tensors, scalars, (int(window[0]), int(window[1])), meta

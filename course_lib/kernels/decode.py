@@ -8,33 +8,29 @@ decoding is bound by memory bandwidth; a forward kernel like ``flash_attn_v2`` h
 
 ``_decode_split_kernel`` (Flash-Decoding, Dao et al., "Flash-Decoding for long-context inference",
 2023): grid ``(num_splits, B·H_kv, m_tiles)``. Program ``(s, b·H_kv + g, t)`` takes split ``s`` of
-sequence ``b``'s keys, in whole ``BLOCK_N`` tiles: a run of them, or, with many long splits
-(``INTERLEAVED``), every ``num_splits``-th tile. It takes *all* query rows that read key/value head
-``g`` (the ``G = H/H_kv`` heads of the GQA group times the ``N_q`` queries, stacked in the M
-dimension of ``tl.dot``), so each K/V tile is read from HBM once. The loop is FlashAttention-2's
-online softmax in base 2 with fp32 accumulators, causal among the ``N_q`` rows (bottom-right
-aligned to ``L_b``). It writes the split's normalised ``o_s`` (fp32) and its natural-log ``lse_s``;
-a single split writes the answer itself.
+sequence ``b``'s keys in whole ``BLOCK_N`` tiles (a run of them, or with ``INTERLEAVED`` every
+``num_splits``-th tile) for *all* query rows that read K/V head ``g``: the ``G = H/H_kv`` heads of
+the GQA group times the ``N_q`` queries, stacked in the M dimension of ``tl.dot``, so each K/V
+tile is read from HBM once. The loop is FlashAttention-2's online softmax in base 2, causal among
+the ``N_q`` rows (bottom-right aligned to ``L_b``). It writes the split's normalised ``o_s``
+(fp32) and its natural-log ``lse_s``; a single split writes the answer itself.
 
 The merge (``decode_merge.py``: lesson 01's (m, d) merge) is a kernel of one program per query
 row, or ends the split kernel (``FUSED_MERGE``): each program counts itself in with an atomic add
 on its rows' counter (release-acquire, after a barrier: NVIDIA's threadFenceReduction CUDA
 sample); the last one merges the rows (``_merge_row``) and resets the counter to 0.
 
-Lesson 15's variants (notebooks/15_attention_variants.ipynb), FlashAttention's semantics as in
-``flash_variants.py``, are constexpr flags that compile to nothing when off. ``WINDOW`` (LEFT, 0):
-the row at key position p = L_b − N_q + i sees p − LEFT <= j <= p; the splits cut only the band
-[lo, L_b) (``_band_bounds``), loaded under a mask, so a sliding-window step reads LEFT + N_q keys,
-not L_b. ``HAS_SOFTCAP``, ``HAS_ALIBI``: ``_variant_scores``. ``HAS_SINKS``: the sink joins the
-denominator in the merge, or in the split kernel where it is the only split. Not benchmarked yet.
+Lesson 15's variants are constexpr flags that compile to nothing when off: ``WINDOW`` (LEFT, 0),
+whose splits cut only the band [lo, L_b), so a sliding-window step reads LEFT + N_q keys, not L_b;
+``HAS_SOFTCAP`` and ``HAS_ALIBI`` (``_variant_scores``); ``HAS_SINKS``, the sink joining the
+denominator in the merge (or in the split kernel where it is the only split).
 
-``paged_decode`` runs the same kernels with ``PAGED=True``: row ``n`` of K/V lives at
-``k_pages[block_table[b, n // block_size], n % block_size, g]`` (PagedAttention: Kwon et al. 2023,
-§4.1). Plan and run (``make_plan``, ``run_plan``), as FlashInfer's ``plan()``/``run()``: split
-count, config and buffers are decided once per batch shape; a step only launches, so it can be
-captured in a CUDA graph (``bind=True``: launches bound to all but ``SPLIT_FREE``). The kernel
-clamps lengths and block ids: a wrong value gives a wrong answer, never a read outside the cache.
-The validated functions are ``course_lib.ops.flash_decode`` and ``paged_decode``.
+``PAGED=True``: row ``n`` of K/V lives at ``k_pages[block_table[b, n // block_size], n %
+block_size, g]`` (PagedAttention: Kwon et al. 2023, §4.1). ``make_plan`` decides the split count,
+config and buffers once per batch shape and ``run_plan`` only launches (FlashInfer's ``plan()``
+and ``run()``), so a step can be captured in a CUDA graph. The kernel clamps lengths and block
+ids: a wrong value gives a wrong answer, never a read outside the cache. The validated functions
+are ``course_lib.ops.flash_decode`` and ``paged_decode``.
 
 Speed (N_q 1, H 32, H_kv 8, D 128, fp16; ``do_bench`` median, L2 flushed; both sides in one run;
 course_lib/data/dropin.json) on an NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0,
@@ -344,11 +340,6 @@ def _block_m(rows: int) -> int:
 # plan and run: decide once per batch shape, then each decode step only launches
 # ---------------------------------------------------------------------------------------------
 
-def _empty(shape, device, dtype):
-    """Every buffer a plan allocates (the tests replace this to poison them with NaN)."""
-    return torch.empty(shape, device=device, dtype=dtype)
-
-
 @dataclass
 class SplitPlan:
     """What a decode step needs besides its tensors, decided once per batch shape: split count,
@@ -409,8 +400,8 @@ def make_plan(B: int, H: int, H_kv: int, N_q: int, D: int, n_max: int, device, *
                         and cdiv(n_work, cfg["BLOCK_N"]) >= INTERLEAVE_MIN_TILES
                         if interleaved is None else interleaved)
     if num_splits > 1:  # scratch for the partials (one split writes the answer directly)
-        plan.o_part = _empty((B, H, N_q, num_splits, D), device=device, dtype=torch.float32)
-        plan.lse_part = _empty((B, H, N_q, num_splits), device=device, dtype=torch.float32)
+        plan.o_part = torch.empty((B, H, N_q, num_splits, D), device=device, dtype=torch.float32)
+        plan.lse_part = torch.empty((B, H, N_q, num_splits), device=device, dtype=torch.float32)
         # one arrival counter per (sequence, kv head, row tile), 0 between launches
         plan.arrived = (torch.zeros(B * H_kv * m_tiles, device=device, dtype=torch.int32)
                         if merge != "kernel" else torch.empty(1, device=device, dtype=torch.int32))

@@ -9,14 +9,12 @@ the keys it saw (−inf for a split that saw none). Then
 
 in two passes over the row's splits: the largest ``lse_s`` first (every exponential then ≤ 1),
 then the weighted sum, ``CHUNK`` splits at a time. With an attention sink (GPT-OSS, lesson 15:
-``HAS_SINK``) the sink's logit is one more term of the sum with no value: ``lse = log(e^sink +
-Σ_s e^{lse_s})``, ``o = Σ_s e^{lse_s − lse} o_s``; a row that no split saw gets o = 0 and
-``lse = sink``. The split kernel adds the sink itself when it is the only split (no merge).
+``HAS_SINK``) the sink's logit is one more term of the sum with no value, ``lse = log(e^sink +
+Σ_s e^{lse_s})``; a row that no split saw gets o = 0 and ``lse = sink``.
 
-``_merge_row`` merges one row. ``_decode_merge_kernel`` runs it, one program per query row (the
-merge of a CUDA-graph step); the split kernel can end with it instead (``FUSED_MERGE``: the last
-split of a group of rows merges them). Both run the same code with the same chunking, so the
-two merges give the same sums.
+``_decode_merge_kernel`` runs ``_merge_row`` once per query row (the merge of a CUDA-graph step);
+the split kernel can run it itself instead (``FUSED_MERGE``: the last split of a group of rows
+merges them), with the same chunking, so the two merges give the same sums.
 
 Speed: not benchmarked on its own. Nsight Compute on an NVIDIA H100 80GB HBM3 (B 1, N 128k, H
 32, D 128, 16 splits, torch 2.11.0+cu130, triton 3.6.0, 2026-11-27): the merge kernel took

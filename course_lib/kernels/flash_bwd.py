@@ -16,8 +16,8 @@ group. P is recomputed block by block from the forward's lse: nothing of size N_
 
 Three kernels, and their grids:
 
-1. ``_bwd_preprocess_kernel``, grid (⌈N_q / BLOCK⌉, B·H): delta = rowsum(dO ∘ O) and
-   lse₂ = lse · log2 e (−inf, a row that sees no key, becomes +inf so that its P is 0).
+1. ``attention_common._bwd_preprocess_kernel`` (the variants' too), grid (⌈N_q / BLOCK⌉, B·H):
+   delta = rowsum(dO ∘ O), lse₂ = lse · log2 e (a row that sees no key: −inf becomes +inf, P = 0).
 2. ``_bwd_dkdv_kernel``, grid (⌈N_k / BLOCK_N1⌉, splits·B·H_kv): K and V blocks stay on chip
    while the Q and dO blocks of every query head of the group stream past; four ``tl.dot``
    per block pair (Pᵀ, dPᵀ, dV, dK); dK and dV written once. Where that grid is too small to
@@ -33,10 +33,6 @@ diagonal, then unmasked blocks; ragged ends are masked.
 Head dims: every multiple of 8 from 16 to 256. A kernel spans D rounded up to a power of two
 (``HEAD_DIM_PAD``: 40 -> 64) and masks the columns past D: they load as 0, add nothing to any
 dot product over D (S, dP, delta) and are never stored. A power-of-two D has no column mask.
-
-Configurations: ``GPU_CONFIGS`` by (padded) head dim below ``AUTOTUNE_MIN_N``, the autotuner over
-``DKDV_CONFIGS`` and ``DQ_CONFIGS`` above it, ``INTERPRETER_CONFIG`` in the interpreter (fp32,
-fp16 and fp64 there, for ``torch.autograd.gradcheck``).
 
 Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22 (fp16, B·N = 32k,
 H·D = 2048, only the backward timed, every provider called eagerly, ``do_bench`` median;
@@ -68,10 +64,7 @@ from course_lib.kernels.attention_common import (
     interpreter_errstate,
 )
 
-# 1. Preprocess: ``attention_common._bwd_preprocess_kernel`` (shared with the variants' backward)
 
-
-# --------------------------------------------------------------------------------------------
 # 2. dK, dV: a K/V block stays on chip, Q blocks stream past
 @triton.jit
 def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE2, Delta, qk_scale, offs_n, start_m, num_steps,
@@ -81,9 +74,7 @@ def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE2, Delta, qk_scale, offs_n, start_m,
     """Accumulate dK (unscaled) and dV of one key block over ``num_steps`` Q blocks of one head.
 
     Q, DO, LSE2, Delta point at the head's first row. With CAUSAL_MASK, Pᵀ is zeroed where key
-    j > i + q_offset; with CHECK_M, rows i >= N_Q are masked in the loads (lse₂ = +inf: P = 0).
-    A head dim that is not a power of two is padded (columns past HEAD_DIM load as 0).
-    """
+    j > i + q_offset; with CHECK_M, rows i >= N_Q are masked in the loads (lse₂ = +inf: P = 0)."""
     HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -145,9 +136,8 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE2, Delta, DK, DV,
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=acc_ty)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=acc_ty)
 
-    # Which query rows can see this key block: the same for every head of the group.
     q_offset = N_K - N_Q
-    if CAUSAL:
+    if CAUSAL:  # the query rows that can see this key block (the same for every head)
         m_lo = tl.minimum(tl.maximum(start_n - q_offset, 0), N_Q)  # first row that sees key start_n
         m_all = tl.minimum(tl.maximum(start_n + BLOCK_N - 1 - q_offset, 0), N_Q)  # sees them all
         num_masked = (m_all - m_lo + MASK_BLOCK_M - 1) // MASK_BLOCK_M
@@ -186,7 +176,6 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE2, Delta, DK, DV,
     tl.store(DV + out_off + kv_ptrs, dv.to(DV.dtype.element_ty), mask=n_ok)
 
 
-# --------------------------------------------------------------------------------------------
 # 3. dQ: a Q block stays on chip, K/V blocks stream past
 @triton.jit
 def _bwd_dq_inner(dq, q, do, lse2, delta, K, V, qk_scale, offs_m, start_n, num_steps,
@@ -265,19 +254,14 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE2, Delta, DQ,
     tl.store(DQ + q_ptrs, dq.to(DQ.dtype.element_ty), mask=m_ok)
 
 
-# --------------------------------------------------------------------------------------------
-# Configurations. On a GPU: a named config per head dim (short sequences, and the fallback), and
-# for long sequences a short curated list per kernel that the autotuner times once per (head
-# dim, causal, dtype, power-of-two length bucket). The interpreter uses one small config.
-# --------------------------------------------------------------------------------------------
+# Configurations: GPU_CONFIGS by (padded) head dim below AUTOTUNE_MIN_N, the autotuner over
+# DKDV_CONFIGS and DQ_CONFIGS above it, INTERPRETER_CONFIG in the interpreter (fp32, fp16 and fp64
+# there, for torch.autograd.gradcheck). A config passed in is never autotuned.
 @dataclass(frozen=True)
 class BwdConfig:
-    """Block sizes and launch settings of the backward's two main kernels.
-
-    dK/dV program: BLOCK_N1 keys, Q streamed BLOCK_M1 rows at a time; dQ program: BLOCK_M2 rows,
-    K/V streamed BLOCK_N2 keys at a time. Along the causal diagonal (and at ragged ends) the
-    streamed blocks shrink to BLOCK / mask_factor, so fewer masked-out entries are computed.
-    """
+    """Blocks and launch settings of the dK/dV program (BLOCK_N1 keys; Q streams past in BLOCK_M1
+    rows) and the dQ program (BLOCK_M2 rows; K, V stream past in BLOCK_N2 keys). Along the causal
+    diagonal and at ragged ends the streamed blocks shrink to BLOCK / mask_factor: less masking."""
 
     block_m1: int
     block_n1: int
@@ -299,6 +283,16 @@ class BwdConfig:
             if getattr(self, name) // self.mask_factor < 16:
                 raise ValueError(f"{name} / mask_factor must stay >= 16 (tl.dot's smallest tile)")
 
+    def dkdv_blocks(self) -> dict:
+        return dict(BLOCK_M=self.block_m1, BLOCK_N=self.block_n1,
+                    MASK_BLOCK_M=self.block_m1 // self.mask_factor,
+                    num_warps=self.warps_kv, num_stages=self.stages_kv)
+
+    def dq_blocks(self) -> dict:
+        return dict(BLOCK_M=self.block_m2, BLOCK_N=self.block_n2,
+                    MASK_BLOCK_N=self.block_n2 // self.mask_factor,
+                    num_warps=self.warps_q, num_stages=self.stages_q)
+
 
 # The named config per head dim (Triton tutorial 06's blocks for D <= 64). dK/dV holds two
 # BLOCK_N1 x D fp32 accumulators plus K, V on chip: 128 KB of registers at D 128 for
@@ -312,57 +306,50 @@ GPU_CONFIGS: dict[int, BwdConfig] = {
 }
 
 # The interpreter's cost is per program and per op, not per FLOP: few, medium blocks.
-INTERPRETER_CONFIG = BwdConfig(32, 64, 64, 32, 2, warps_kv=4, stages_kv=1, warps_q=4,
-                               stages_q=1, block_pre=64)
+INTERPRETER_CONFIG = BwdConfig(32, 64, 64, 32, 2, warps_kv=4, stages_kv=1, warps_q=4, stages_q=1)
 
 
-def _kv(bm, bn, mask_bm, warps, stages):
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "MASK_BLOCK_M": mask_bm},
-                         num_warps=warps, num_stages=stages)
+def _configs(mask_block, rows):
+    """triton.Configs from rows (BLOCK_M, BLOCK_N, the masked band's block, warps, stages)."""
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n, mask_block: mb}, num_warps=w, num_stages=s)
+            for m, n, mb, w, s in rows]
 
 
-def _q(bm, bn, mask_bn, warps, stages):
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "MASK_BLOCK_N": mask_bn},
-                         num_warps=warps, num_stages=stages)
-
-
-# Autotune candidates for long sequences (N >= AUTOTUNE_MIN_N), three per head dim and kernel
-# after ``keep_bwd_config_for_head_dim``: every config is compiled once per key, so the lists
-# stay short. Configs that do not fit (shared memory) are timed as infinitely slow by Triton.
-DKDV_CONFIGS = [
-    _kv(32, 128, 16, 4, 5), _kv(64, 128, 32, 8, 3), _kv(32, 128, 16, 4, 3),   # D <= 64
-    _kv(32, 128, 16, 8, 3), _kv(64, 128, 32, 8, 2), _kv(32, 64, 16, 4, 3),    # D = 128
-    _kv(16, 64, 16, 8, 2), _kv(32, 64, 16, 8, 1), _kv(16, 32, 16, 4, 2),      # D = 256
-]
-DQ_CONFIGS = [
-    _q(128, 32, 16, 4, 5), _q(128, 64, 32, 8, 3), _q(64, 64, 32, 4, 3),       # D <= 64
-    _q(128, 32, 16, 8, 3), _q(128, 64, 32, 8, 2), _q(64, 32, 16, 4, 3),       # D = 128
-    _q(64, 16, 16, 8, 2), _q(32, 32, 16, 4, 2), _q(64, 32, 16, 8, 1),         # D = 256
-]
+# Autotune candidates, three per head dim and kernel: every config is compiled once per key, so
+# the lists stay short. Configs that do not fit (shared memory) are timed as infinitely slow.
+DKDV_CONFIGS = _configs("MASK_BLOCK_M", [
+    (32, 128, 16, 4, 5), (64, 128, 32, 8, 3), (32, 128, 16, 4, 3),  # D <= 64
+    (32, 128, 16, 8, 3), (64, 128, 32, 8, 2), (32, 64, 16, 4, 3),   # D = 128
+    (16, 64, 16, 8, 2), (32, 64, 16, 8, 1), (16, 32, 16, 4, 2),     # D = 256
+])
+DQ_CONFIGS = _configs("MASK_BLOCK_N", [
+    (128, 32, 16, 4, 5), (128, 64, 32, 8, 3), (64, 64, 32, 4, 3),   # D <= 64
+    (128, 32, 16, 8, 3), (128, 64, 32, 8, 2), (64, 32, 16, 4, 3),   # D = 128
+    (64, 16, 16, 8, 2), (32, 32, 16, 4, 2), (64, 32, 16, 8, 1),     # D = 256
+])
 
 
 def keep_bwd_config_for_head_dim(configs, named_args, **kwargs):
-    """Config filter (the autotuner's ``early_config_prune``; not ``attention_common.keep``):
-    the three candidates of each kernel's list meant for this head dim (by the power of two it
-    is padded to: D 72 to 128 share D 128's, 136 to 256 D 256's)."""
+    """The autotuner's ``early_config_prune``: the three candidates of a kernel's list for the power
+    of two this head dim is padded to (D 72 to 128 share D 128's, 136 to 256 D 256's)."""
     d = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
     group = 0 if d <= 64 else (1 if d <= 128 else 2)
     return configs[3 * group:3 * group + 3]
 
 
-_dkdv_tuned = triton.autotune(
-    configs=DKDV_CONFIGS, key=["N_BUCKET", "HEAD_DIM", "CAUSAL", "DOT_PRECISION"],
-    prune_configs_by={"early_config_prune": keep_bwd_config_for_head_dim},
-)(_bwd_dkdv_kernel)
-_dq_tuned = triton.autotune(
-    configs=DQ_CONFIGS, key=["N_BUCKET", "HEAD_DIM", "CAUSAL", "DOT_PRECISION"],
-    prune_configs_by={"early_config_prune": keep_bwd_config_for_head_dim},
-)(_bwd_dq_kernel)
+def _autotuned(kernel, configs, key):
+    """``kernel`` autotuned once per ``key`` over the three ``configs`` meant for its head dim."""
+    prune = {"early_config_prune": keep_bwd_config_for_head_dim}
+    return triton.autotune(configs=configs, key=key, prune_configs_by=prune)(kernel)
+
+
+_KEY = ["N_BUCKET", "HEAD_DIM", "CAUSAL", "DOT_PRECISION"]
+_dkdv_tuned = _autotuned(_bwd_dkdv_kernel, DKDV_CONFIGS, _KEY)
+_dq_tuned = _autotuned(_bwd_dq_kernel, DQ_CONFIGS, _KEY)
 
 
 def gpu_config(head_dim: int) -> BwdConfig:
-    """The GPU's named configuration for this head dim: that of the power of two its tiles are
-    padded to (``GPU_CONFIGS[128]`` for D 80, ``GPU_CONFIGS[256]`` for D 160)."""
+    """``GPU_CONFIGS`` of the power of two this head dim is padded to (D 80: that of D 128)."""
     padded = head_dim_pad(head_dim)
     if padded not in GPU_CONFIGS:
         raise ValueError(f"no backward config for head dim {head_dim}; have {sorted(GPU_CONFIGS)} "
@@ -372,17 +359,11 @@ def gpu_config(head_dim: int) -> BwdConfig:
 
 def default_config(head_dim: int) -> BwdConfig:
     """The named configuration used for this head dim (the interpreter has its own)."""
-    if INTERPRET:
-        return INTERPRETER_CONFIG
-    return gpu_config(head_dim)
+    return INTERPRETER_CONFIG if INTERPRET else gpu_config(head_dim)
 
 
 def choose_splits(B: int, H_kv: int, group: int, N_k: int, block_n1: int) -> int:
-    """How many programs share one GQA group in dK/dV (1: the group is summed in one program).
-
-    More than 1 only when B·H_kv·⌈N_k/BLOCK_N1⌉ programs would leave SMs idle: each extra split
-    costs an fp32 partial dK, dV in HBM and a sum.
-    """
+    """The fewest splits of a GQA group (a divisor) that give the dK/dV grid 2 programs per SM."""
     if INTERPRET or group == 1:
         return 1
     programs = triton.cdiv(N_k, block_n1) * B * H_kv
@@ -393,22 +374,49 @@ def choose_splits(B: int, H_kv: int, group: int, N_k: int, block_n1: int) -> int
     return group
 
 
+# Host steps shared with the variants' backward (flash_variants_bwd.py)
+def _plan(config, splits, D, N_q, N_k, B, H_kv, group):
+    """The config, the autotuner's length bucket, whether to autotune, the splits (all checked)."""
+    cfg = config or default_config(D)
+    cfg.check(D)
+    n_bucket = triton.next_power_of_2(max(N_q, N_k))
+    tuned = config is None and not INTERPRET and n_bucket >= AUTOTUNE_MIN_N
+    splits = choose_splits(B, H_kv, group, N_k, cfg.block_n1) if splits is None else splits
+    if splits < 1 or group % splits:
+        raise ValueError(f"splits={splits} must divide the GQA group size {group}")
+    return cfg, n_bucket, tuned, splits
+
+
+def _buffers(q, k, v, rows, splits):
+    """delta, lse₂ (``rows``), dq, dk, dv; delta, lse₂ and split dk, dv in fp32 (fp64 for fp64)."""
+    acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    delta = torch.empty(rows, dtype=acc_dtype, device=q.device)
+    if splits == 1:
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+    else:
+        dk = torch.empty((splits, *k.shape), dtype=acc_dtype, device=q.device)
+        dv = torch.empty_like(dk)
+    return delta, torch.empty_like(delta), torch.empty_like(q), dk, dv
+
+
+def _launch(kernel, tuned_kernel, tuned, blocks, grid, *args, **meta):
+    """``tuned_kernel`` (blocks autotuned) or ``kernel`` with ``blocks``; ``grid`` reads them."""
+    if tuned:
+        tuned_kernel[grid](*args, **meta)
+    else:
+        kernel[grid](*args, **meta, **blocks)
+
+
 def flash_attn_v2_backward(do, q, k, v, o, lse, causal, sm_scale, config: BwdConfig | None = None,
                            splits: int | None = None):
-    """Gradients (dq, dk, dv) of ``O = flash_attn_v2(q, k, v, causal, sm_scale)`` for ``dO = do``.
-
-    q, o, do (B, H, N_q, D); k, v (B, H_kv, N_k, D); lse (B, H, N_q): the forward's natural-log
-    log-sum-exp (-inf where a row sees no key). Returns dq in q's dtype and dk, dv in k's dtype
-    with H_kv heads (summed over each GQA group). ``config`` and ``splits`` override the
-    defaults (tests and tuning). On a GPU, sequences of AUTOTUNE_MIN_N or more are autotuned
-    unless ``config`` is given; shorter ones use ``gpu_config(D)`` (``GPU_CONFIGS`` of the power
-    of two D is padded to).
-    """
+    """Gradients (dq, dk, dv) of ``O = flash_attn_v2(q, k, v, causal, sm_scale)`` for ``dO = do``;
+    lse (B, H, N_q) is the forward's natural-log log-sum-exp (-inf where a row sees no key). dq has
+    q's dtype, dk and dv k's. ``config`` and ``splits`` override the defaults (tests, tuning)."""
     B, H, N_q, D = q.shape
     H_kv, N_k = k.shape[1], k.shape[2]
-    if tuple(o.shape) != (B, H, N_q, D) or tuple(do.shape) != (B, H, N_q, D):
+    if o.shape != q.shape or do.shape != q.shape:
         raise ValueError(f"o {tuple(o.shape)} and do {tuple(do.shape)} must have q's shape "
-                         f"{(B, H, N_q, D)}")
+                         f"{tuple(q.shape)}")
     if tuple(k.shape) != (B, H_kv, N_k, D) or k.shape != v.shape:
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must be (B, H_kv, N_k, D)")
     if H % H_kv:
@@ -416,57 +424,26 @@ def flash_attn_v2_backward(do, q, k, v, o, lse, causal, sm_scale, config: BwdCon
     if tuple(lse.shape) != (B, H, N_q):
         raise ValueError(f"lse {tuple(lse.shape)} must be (B, H, N_q) = {(B, H, N_q)}")
     refuse_bf16_in_interpreter(q, k, v, do, names=("q", "k", "v", "do"))
-    cfg = config or default_config(D)
-    cfg.check(D)
-    n_bucket = triton.next_power_of_2(max(N_q, N_k))
-    tuned = config is None and not INTERPRET and n_bucket >= AUTOTUNE_MIN_N
-    group = H // H_kv
-    splits = choose_splits(B, H_kv, group, N_k, cfg.block_n1) if splits is None else splits
-    if splits < 1 or group % splits:
-        raise ValueError(f"splits={splits} must divide the GQA group size {group}")
-
+    cfg, n_bucket, tuned, splits = _plan(config, splits, D, N_q, N_k, B, H_kv, H // H_kv)
     q, k, v, o = (t.contiguous() for t in (q, k, v, o))
     do = do.to(q.dtype).contiguous()
-    acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    lse = lse.contiguous()
-    delta = torch.empty((B, H, N_q), dtype=acc_dtype, device=q.device)
-    lse2 = torch.empty_like(delta)
+    delta, lse2, dq, dk, dv = _buffers(q, k, v, (B, H, N_q), splits)
+    meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype)}
+    qk_scale = sm_scale * LOG2E.value
     with interpreter_errstate():  # exp2 of scores past the diagonal may overflow before tl.where
         _bwd_preprocess_kernel[(triton.cdiv(N_q, cfg.block_pre), B * H)](
-            o, do, lse, delta, lse2, N_q, H, H * N_q, N_q, 1,  # strides in rows of D
+            o, do, lse.contiguous(), delta, lse2, N_q, H, H * N_q, N_q, 1,  # strides in rows of D
             HEAD_DIM=D, BLOCK_M=cfg.block_pre)
-
-        qk_scale = sm_scale * LOG2E.value
-        meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype)}
-        if splits == 1:
-            dk = torch.empty_like(k)
-            dv = torch.empty_like(v)
-        else:  # fp32 partial sums, one per split of the group
-            dk = torch.empty((splits, B, H_kv, N_k, D), dtype=acc_dtype, device=q.device)
-            dv = torch.empty_like(dk)
-        kv_args = (q, k, v, do, lse2, delta, dk, dv, qk_scale, sm_scale, H, H_kv, N_q, N_k,
-                   group // splits, n_bucket)
-        if tuned:
-            _dkdv_tuned[lambda m: (triton.cdiv(N_k, m["BLOCK_N"]), splits * B * H_kv)](*kv_args,
-                                                                                       **meta)
-        else:
-            _bwd_dkdv_kernel[(triton.cdiv(N_k, cfg.block_n1), splits * B * H_kv)](
-                *kv_args, **meta, BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
-                MASK_BLOCK_M=cfg.block_m1 // cfg.mask_factor,
-                num_warps=cfg.warps_kv, num_stages=cfg.stages_kv)
-        if splits > 1:
-            dk = dk.sum(0).to(k.dtype)
-            dv = dv.sum(0).to(v.dtype)
-
-        dq = torch.empty_like(q)
-        q_args = (q, k, v, do, lse2, delta, dq, qk_scale, sm_scale, H, H_kv, N_q, N_k, n_bucket)
-        if tuned:
-            _dq_tuned[lambda m: (triton.cdiv(N_q, m["BLOCK_M"]), B * H)](*q_args, **meta)
-        else:
-            _bwd_dq_kernel[(triton.cdiv(N_q, cfg.block_m2), B * H)](
-                *q_args, **meta, BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2,
-                MASK_BLOCK_N=cfg.block_n2 // cfg.mask_factor,
-                num_warps=cfg.warps_q, num_stages=cfg.stages_q)
+        _launch(_bwd_dkdv_kernel, _dkdv_tuned, tuned, cfg.dkdv_blocks(),
+                lambda m: (triton.cdiv(N_k, m["BLOCK_N"]), splits * B * H_kv),
+                q, k, v, do, lse2, delta, dk, dv, qk_scale, sm_scale, H, H_kv, N_q, N_k,
+                H // H_kv // splits, n_bucket, **meta)
+        _launch(_bwd_dq_kernel, _dq_tuned, tuned, cfg.dq_blocks(),
+                lambda m: (triton.cdiv(N_q, m["BLOCK_M"]), B * H),
+                q, k, v, do, lse2, delta, dq, qk_scale, sm_scale, H, H_kv, N_q, N_k, n_bucket,
+                **meta)
+    if splits > 1:  # the sum of the partials
+        dk, dv = dk.sum(0).to(k.dtype), dv.sum(0).to(v.dtype)
     return dq, dk, dv
 
 

@@ -10,24 +10,15 @@ sees keys j <= i + N_k − N_q), and the natural-log log-sum-exp of every row. q
 k, v (B, H_kv, N_k, D) with H_kv dividing H (GQA: query head h reads K/V head h // (H / H_kv)).
 A row that sees no key gives O = 0 and lse = −inf.
 
-Grid. (⌈N_q / BLOCK_M⌉, B·H): one program per BLOCK_M query rows of one head. Q blocks vary
-fastest, so the programs that re-read one head's K/V run side by side and the re-reads hit L2;
-the heads of a GQA group are neighbours on the second axis. Causal grids start with the longest
-rows.
-
-Memory plan. A program loads its Q tile once and keeps it, the running max m, the running sum l
-and the fp32 accumulator in registers; it streams K and V tiles of BLOCK_N keys (plain pointer
-arithmetic, any stride); it writes O (at O's strides: the launcher lays O out as q is) and the
-lse once, the lse only with ``STORE_LSE`` (the backward needs it, inference does not). Key
-blocks come in two stages (``_fwd_inner``): those every row sees in full, with no mask, then
-the diagonal band and the ragged end, masked; blocks wholly above the diagonal are never
-loaded. Per score: one exp2 (``qk_scale = sm_scale · log2 e``); α rescales only the
-accumulator; one division at the end.
+Grid (⌈N_q / BLOCK_M⌉, B·H): one program per BLOCK_M query rows of one head. It keeps its Q tile,
+the running max m, the running sum l and the fp32 accumulator on chip, streams K and V tiles of
+BLOCK_N keys (pointer arithmetic, any stride), and writes O and the lse (``STORE_LSE``: the
+backward needs it, inference does not) once. Key blocks every row sees run with no mask, then
+the diagonal band and the ragged end masked (``_fwd_inner``); blocks above the diagonal are
+never loaded. Per score: one exp2 (``qk_scale = sm_scale · log2 e``); one division at the end.
 
 Head dims: every multiple of 8 from 16 to 256. ``tl.arange`` needs a power of two, so the tiles
-span D rounded up (``HEAD_DIM_PAD``: 80 -> 128) and the columns past D are masked: loaded as 0,
-they add nothing to QKᵀ nor to PV, and they are never stored. A power-of-two D compiles without
-the column mask.
+span D rounded up (80 -> 128); the columns past D load as 0 and are never stored.
 
 Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22 (fp16, B·N = 32k,
 H·D = 2048; every provider called eagerly, ``do_bench`` median of 5 interleaved rounds; FLOPs
@@ -152,12 +143,8 @@ def _flash_fwd_v2_kernel(
         tl.store(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
 
 
-# --------------------------------------------------------------------------------------------
-# Configurations. On a GPU each head dim gets a short curated list that the autotuner times
-# once per (head dim, causal, dtype, group, power-of-two length bucket), for length buckets of
-# AUTOTUNE_MIN_N keys and more; shorter ones run ``portable_config``. The interpreter uses one
-# small config: its cost is per program and per op, not per FLOP.
-# --------------------------------------------------------------------------------------------
+# Configs. On a GPU, from AUTOTUNE_MIN_N keys on, the autotuner times the candidates that fit
+# the head dim; shorter sequences run the first that fits, the interpreter INTERPRETER_BLOCKS.
 def _cfg(bm, bn, warps, stages):
     return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
 
@@ -166,24 +153,14 @@ PORTABLE_CONFIGS = [_cfg(128, 64, 4, 3), _cfg(128, 128, 8, 3), _cfg(64, 64, 4, 3
 
 
 def keep_config_for_head_dim(configs, named_args, **kwargs):
-    """Config filter (the autotuner's ``early_config_prune``, and ``portable_config``): the
-    candidates whose shared memory fits, sized to the (padded) head dim.
-
-    HEAD_DIM 256 passes only 64 x 64 tiles (a 128 x 256 Q tile plus K/V stages overflows the
-    228 KB of an H100 SM); HEAD_DIM 128 drops 128 x 128 with 3 stages for the same reason. A
-    head dim that is not a power of two gets the choice of the power of two its tiles are
-    padded to (160 -> 256, 80 -> 128).
-    """
-    d = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
-    d = head_dim_pad(d)
-    kept = []
-    for c in configs:
-        bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
-        if d >= 256 and (bm > 64 or bn > 64):
-            continue
-        if d == 128 and bn > 64 and c.num_stages > 2:
-            continue
-        kept.append(c)
+    """Config filter (the autotuner's ``early_config_prune``, and ``forward_portable``'s): the
+    candidates whose shared memory fits the (padded: 80 -> 128) head dim. HEAD_DIM 256 passes
+    only 64 x 64 tiles (a 128 x 256 Q tile plus K/V stages overflows the 228 KB of an H100 SM);
+    HEAD_DIM 128 drops 128 x 128 with 3 stages for the same reason."""
+    d = head_dim_pad(named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"])
+    kept = [c for c in configs
+            if not (d >= 256 and (c.kwargs["BLOCK_M"] > 64 or c.kwargs["BLOCK_N"] > 64))
+            and not (d == 128 and c.kwargs["BLOCK_N"] > 64 and c.num_stages > 2)]
     return kept or configs[-1:]
 
 
@@ -194,35 +171,25 @@ _portable_tuned = triton.autotune(
 )(_flash_fwd_v2_kernel)
 
 
-def portable_config(head_dim: int) -> triton.Config:
-    """The config below ``AUTOTUNE_MIN_N`` keys (and in the interpreter, with its small blocks):
-    the first candidate ``keep_config_for_head_dim`` passes for this head dim."""
-    return keep_config_for_head_dim(PORTABLE_CONFIGS, {"HEAD_DIM": head_dim})[0]
-
-
 def forward_portable(q, k, v, causal, sm_scale, out=None, store_lse=True, bind=False):
-    """The portable kernel's launcher: (o, lse) of validated inputs (``out``: preallocated).
-    ``store_lse=False``: the kernel stores O alone and lse is None (inference).
-
-    ``bind``: also return the launch bound to everything but the five addresses (q, k, v, o,
-    lse; ``course_lib._launch.bind``): ``again(q, k, v, o, lse)`` repeats this call for new
-    tensors of the same shapes, strides, dtype and device (16-byte aligned, as these are). None
-    where nothing was bound (the interpreter; an input copied here; a misaligned address)."""
+    """(o, lse) of validated inputs (``out``: preallocated; ``store_lse=False``: lse is None).
+    ``bind``: also return ``again(q, k, v, o, lse)``, this launch for new tensors of the same
+    shapes, strides, dtype and device, 16-byte aligned (``course_lib._launch.bind``), or None
+    (the interpreter; an input copied here; a misaligned address)."""
     B, H, N_Q, D = q.shape
     H_KV, N_K = k.shape[1], k.shape[2]
     given = (q, k, v)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in given)
     o, lse = allocate_outputs(q, out, store_lse)
     lse_arg = o if lse is None else lse  # (never written without store_lse)
-    sq, sk, sv, so = q.stride(), k.stride(), v.stride(), o.stride()
-    args = (q, k, v, o, lse_arg,
-            sq[0], sq[1], sq[2], sk[0], sk[1], sk[2], sv[0], sv[1], sv[2], so[0], so[1], so[2],
-            sm_scale * LOG2E, H, H // H_KV, N_Q, N_K, next_pow2(max(N_Q, N_K)))
+    args = (q, k, v, o, lse_arg, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+            *o.stride()[:3], sm_scale * LOG2E, H, H // H_KV, N_Q, N_K, next_pow2(max(N_Q, N_K)))
     meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype),
             "STORE_LSE": bool(store_lse)}
     bindable = (bind and all(a is b for a, b in zip((q, k, v), given))
                 and aligned(q, k, v, o, lse_arg))
-    again = launch(_flash_fwd_v2_kernel, lambda bm: (cdiv(N_Q, bm), B * H), args, meta,
-                   portable_config(D), _portable_tuned if args[-1] >= AUTOTUNE_MIN_N else None,
+    config = keep_config_for_head_dim(PORTABLE_CONFIGS, {"HEAD_DIM": D})[0]
+    again = launch(_flash_fwd_v2_kernel, lambda bm: (cdiv(N_Q, bm), B * H), args, meta, config,
+                   _portable_tuned if args[-1] >= AUTOTUNE_MIN_N else None,
                    free=5 if bindable else 0)
     return (o, lse, again) if bind else (o, lse)

@@ -1,17 +1,10 @@
 """FlashAttention-2 forward for Hopper (sm_90): the FlashAttention-3 ideas that Triton exposes.
 
-Introduced in notebooks/09_hopper.ipynb. Same function as the portable kernel (``flash_v2.py``),
-called through ``course_lib.ops.flash_attn_v2``, which picks this kernel on sm_90 for head dims
-of 64 and more when the inputs suit TMA. The launcher is ``forward_hopper``. Head dims are powers
-of two here (a TMA tile spans the whole head dim); the others (every multiple of 8 from 16 to
-256) run the portable kernel, which pads them.
-
-What it computes. The same as ``flash_v2.py``: O = softmax(sm_scale · QKᵀ [causal, bottom-right])
-·V and the lse per row, with GQA; O = 0 and lse = −inf for a row that sees no key.
-
-Grid. (⌈N_q / BLOCK_M⌉, B·H), the portable kernel's order (``attention_common._q_block_program``).
-
-Memory plan.
+Introduced in notebooks/09_hopper.ipynb. It computes what the portable kernel (``flash_v2.py``)
+computes, on the same grid; ``course_lib.ops.flash_attn_v2`` picks it on sm_90 for head dims of
+64 and more when the inputs suit TMA. The launcher ``forward_hopper`` runs one config per head
+dim, the one that measured best (``_HOPPER_KEEP``). Head dims are powers of two here (a TMA tile
+spans the whole head dim); the portable kernel pads the others. The memory plan:
 
 1. TMA descriptors. Q, K, V and O are described once on the host as (B, H, N, D) tensors
    (``TensorDescriptor``); a tile load is one bulk copy issued by one thread, clipped at the
@@ -25,10 +18,6 @@ Memory plan.
 5. Pinned max (``PINNED_MAX``, the course's own change): after the first key block its row max
    stays the reference, so there is no row max, no α and no rescaling per block; a later score
    more than 16 (log2) above it makes P inf, and the program reruns with the running max.
-
-One config per head dim, the one that measured best (``keep_hopper_config``): 128 x 64 tiles at
-D 64 (64 x 64 for causal sequences of at most 2048), 64 x 64 with row sums on the tensor cores at
-D 128, 64 x 64 with 2 stages at D 256.
 
 Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22 (fp16, B·N = 32k,
 H·D = 2048; every provider called eagerly, ``do_bench`` median of 5 interleaved rounds; FLOPs
@@ -101,8 +90,7 @@ def _fwd_inner_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m, lo, hi, N_
                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
                    ROWSUM_MMA: tl.constexpr):
     """One key range of the loop, with the running max. With ROWSUM_MMA, ``l_i`` is a
-    (BLOCK_M, ROWSUM_COLS) tile whose columns all hold the row sums, accumulated by the tensor
-    cores as P @ ones."""
+    (BLOCK_M, ROWSUM_COLS) tile of row sums, accumulated by the tensor cores as P @ ones."""
     ones = tl.full([BLOCK_N, ROWSUM_COLS], 1.0, q.dtype)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -124,13 +112,9 @@ def _fwd_inner_pinned(acc, l_i, m_ref, q, desc_k, desc_v, b, h_kv, offs_m, lo, h
                       qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                       MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
                       ROWSUM_MMA: tl.constexpr):
-    """A key range against a pinned reference ``m_ref`` (log2 domain): p = 2^(s - m_ref).
-
-    No running max, so no row-max reduction before the exponentials, no α and no rescaling of
-    ``acc``: the exponentials start as soon as S arrives, P @ V is issued as soon as P is ready,
-    and the row sums run while it does. p may exceed 1 (up to 2^16 in fp16); the caller checks
-    for overflow.
-    """
+    """A key range against a pinned reference ``m_ref`` (log2 domain): p = 2^(s - m_ref). No
+    row max, no α, no rescaling of ``acc``: the exponentials start as soon as S arrives and P @ V
+    as soon as P is ready. p may exceed 1 (up to 2^16 in fp16); the caller checks for overflow."""
     ones = tl.full([BLOCK_N, ROWSUM_COLS], 1.0, q.dtype)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -233,11 +217,8 @@ HOPPER_CONFIGS = [
 # two programs per SM overlapping one's softmax with the other's MMAs, row sums on the tensor
 # cores. D 256: 64 x 64 with 2 stages, what fits the 227 KB a block may use (a 32 KB Q tile and
 # 2 stages of 32 KB K and V tiles).
-_HOPPER_KEEP = {
-    64: [(128, 64, 4, 3, True, False, True)],
-    128: [(64, 64, 4, 3, True, True, True)],
-    256: [(64, 64, 4, 2, False, False, True)],
-}
+_HOPPER_KEEP = {64: [(128, 64, 4, 3, True, False, True)], 128: [(64, 64, 4, 3, True, True, True)],
+                256: [(64, 64, 4, 2, False, False, True)]}
 # Causal at D 64 and at most SHORT_CAUSAL_N keys: 64-row tiles. Twice the programs, and half the
 # masked diagonal: 2-14% faster at every causal shape up to 2k keys, mixed at 4k, 2-7% slower
 # from 8k on (B 1-32, H 32, H_kv 8, fp16 and bf16; course_lib/data/hopper_short_causal.json).
@@ -254,18 +235,18 @@ def keep_hopper_config(configs, named_args, **kwargs):
     """Config filter: the configs ``_HOPPER_KEEP`` lists for this head dim among ``configs``, in
     its order (the last config if none is there); causal at D 64 with at most ``SHORT_CAUSAL_N``
     keys (``N_BUCKET``), those of ``_HOPPER_KEEP_SHORT_CAUSAL``."""
-    d = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
-    wanted = _HOPPER_KEEP[_head_dim_class(d)]
+    d = _head_dim_class(named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"])
+    wanted = _HOPPER_KEEP[d]
     short = named_args.get("N_BUCKET", SHORT_CAUSAL_N + 1) <= SHORT_CAUSAL_N
     if kwargs.get("CAUSAL", named_args.get("CAUSAL", False)) and short:
-        wanted = _HOPPER_KEEP_SHORT_CAUSAL.get(_head_dim_class(d), wanted)
+        wanted = _HOPPER_KEEP_SHORT_CAUSAL.get(d, wanted)
 
     def shape(c):
         return (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages,
                 c.kwargs["Q_IN_REGS"], c.kwargs.get("ROWSUM_MMA", False),
                 c.kwargs.get("PINNED_MAX", False))
 
-    kept = sorted((c for c in configs if shape(c) in wanted), key=lambda c: wanted.index(shape(c)))
+    kept = [c for w in wanted for c in configs if shape(c) == w]  # in ``wanted``'s order
     return kept or configs[-1:]
 
 
@@ -277,14 +258,11 @@ def hopper_config(head_dim: int, causal: bool, n_bucket: int) -> triton.Config:
 
 
 def lse_rounding(dtype: torch.dtype, head_dim: int) -> float:
-    """The largest error of this kernel's lse that comes from summing P after rounding it.
-
-    With ROWSUM_MMA the tensor cores sum P as it enters the P @ V product, rounded to the
-    inputs' dtype. Every term is positive and off by at most the unit roundoff u, so l is off
-    by at most a factor 1 ± u, and lse = m + ln l by at most u (fp16: 4.9e-4, bf16: 3.9e-3).
-    O is normalised by exactly the weights that multiplied V. 0 where no config of this head dim
-    sums that way, or for fp32 inputs.
-    """
+    """The largest error of this kernel's lse that comes from summing P after rounding it. With
+    ROWSUM_MMA the tensor cores sum P rounded to the inputs' dtype: every term is positive and off
+    by at most the unit roundoff u, so l is off by a factor 1 ± u at most and lse = m + ln l by u
+    (fp16: 4.9e-4, bf16: 3.9e-3); O is normalised by the very weights that multiplied V. 0 where
+    no config of this head dim sums that way, or for fp32 inputs."""
     if dtype == torch.float32 or not any(c[5] for c in _HOPPER_KEEP[_head_dim_class(head_dim)]):
         return 0.0
     return torch.finfo(dtype).eps / 2
@@ -301,22 +279,26 @@ def _descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
     return TensorDescriptor.from_tensor(t, [1, 1, rows, t.shape[-1]])
 
 
-def tma_ready(t: torch.Tensor) -> torch.Tensor:
-    """``t`` itself if TMA can read it, else a fresh (aligned, contiguous) copy.
+def _descriptors(q, k, v, o) -> tuple:
+    """The TMA descriptors of q, k, v and o, and ``prepare(blocks)`` for ``launch``, which sets
+    their tile shapes to a config's (``_set_block_shapes``)."""
+    descs = [_descriptor(t, 16) for t in (q, k, v, o)]
+    named = dict(zip(("desc_q", "desc_k", "desc_v", "desc_o"), descs), HEAD_DIM=q.shape[-1])
+    return descs, lambda blocks: _set_block_shapes({**named, **blocks})
 
-    ``t.contiguous()`` is not enough: a contiguous view may start at a misaligned address.
-    """
+
+def tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself if TMA can read it, else a fresh (aligned, contiguous) copy: a view that
+    ``t.contiguous()`` returns as it is may start at a misaligned address."""
     if tma_compatible(t):
         return t
     return torch.empty_like(t, memory_format=torch.contiguous_format).copy_(t)
 
 
 def forward_hopper(q, k, v, causal, sm_scale, out=None, store_lse=True, bind=False):
-    """Forward on validated inputs with the TMA kernel: (o, lse; None without ``store_lse``).
-    Power-of-two head dims only: a TMA tile spans the whole head dim, and ``best_impl`` sends
-    any other to the portable kernel, which pads it. ``bind``: also return the bound launch, as
-    ``flash_v2.forward_portable`` does (its four TMA descriptors move to the new addresses:
-    ``course_lib._launch.bind``)."""
+    """``flash_v2.forward_portable`` with the TMA kernel: the same arguments and results (with
+    ``bind``, the four TMA descriptors move to the new addresses). Power-of-two head dims only: a
+    TMA tile spans the whole head dim, and ``best_impl`` sends any other to the portable kernel."""
     B, H, N_Q, D = q.shape
     if D & (D - 1):
         raise ValueError(f"the Hopper kernel (impl='hopper') takes power-of-two head dims only, "
@@ -326,17 +308,13 @@ def forward_hopper(q, k, v, causal, sm_scale, out=None, store_lse=True, bind=Fal
     q, k, v = (tma_ready(t) for t in given)
     o, lse = allocate_outputs(q, out, store_lse)
     lse_arg = o if lse is None else lse  # (never written without store_lse)
-    # block shapes are placeholders: ``_set_block_shapes`` below sets them for the config
-    descs = [_descriptor(t, 16) for t in (q, k, v, o)]
-    named = dict(zip(("desc_q", "desc_k", "desc_v", "desc_o"), descs), HEAD_DIM=D)
-    args = (*descs, lse_arg, sm_scale * LOG2E.value, 1.0, H, H // H_KV, N_Q, N_K,
+    descs, prepare = _descriptors(q, k, v, o)
+    args = (*descs, lse_arg, sm_scale * LOG2E.value, 1.0, H, H // H_KV, N_Q, N_K,  # 1.0: one
             next_pow2(max(N_Q, N_K)))
     meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype),
             "STORE_LSE": bool(store_lse)}
     bindable = (bind and all(a is b for a, b in zip((q, k, v), given))
                 and aligned(q, k, v, o, lse_arg))
     again = launch(_flash_fwd_v2_hopper_kernel, lambda bm: (cdiv(N_Q, bm), B * H), args, meta,
-                   hopper_config(D, causal, args[-1]),
-                   prepare=lambda blocks: _set_block_shapes({**named, **blocks}),
-                   free=5 if bindable else 0)
+                   hopper_config(D, causal, args[-1]), prepare=prepare, free=5 if bindable else 0)
     return (o, lse, again) if bind else (o, lse)

@@ -5,26 +5,20 @@ For notebooks/15_attention_variants.ipynb: ``course_lib.ops.flash_attn_v2``'s ke
 backward is ``flash_variants_bwd.py``, the decode ``decode.py``). It is lesson 08's portable
 kernel (``flash_v2.py``) with two changes, which is the lesson's point: every variant is
 
-1. **a rule for which key blocks a block of query rows visits.** ``_band_bounds`` (in
-   ``band.py``, shared with the backward and the decode) is the jit twin of
-   ``course_lib.masks.block_key_range``: keys a block's rows never see are never loaded, keys
-   every row sees run with no mask, and the rest run masked. The window ``(left, right)`` is
-   FlashAttention's, bottom-right aligned (query i at key position p = i + N_k − N_q sees
-   p − left <= j <= p + right, −1 unbounded); causal is ``right = 0``.
+1. **a rule for which key blocks a block of query rows visits** (``_band_bounds``, in ``band.py``,
+   the jit twin of ``course_lib.masks.block_key_range``): keys a block's rows never see are never
+   loaded, keys every row sees run with no mask, and the rest run masked. The window ``(left,
+   right)`` is FlashAttention's, bottom-right aligned (query i at key position p = i + N_k − N_q
+   sees p − left <= j <= p + right, −1 unbounded); causal is ``right = 0``.
 2. **a change to the scores** (``_variant_scores``). With ``s = sm_scale·q·k``: softcap
    ``s = c·tanh(s / c)`` (Gemma 2), then ALiBi ``s −= slope·|p − j|``; and after the loop, the
    sink (GPT-OSS): one more logit per head in the softmax's denominator, with no value, so
-   ``o = Σ e^s v / (e^sink + Σ e^s)`` and the lse includes it. The kernel keeps the scores in
-   q·k's units (the cap and the bias divided by ``sm_scale``), so the softmax multiplies each
-   by ``qk_scale = sm_scale·log2 e`` once, as the portable kernel does. On a GPU the tanh of
-   fp16 and bf16 inputs is one instruction (``_tanh``).
+   ``o = Σ e^s v / (e^sink + Σ e^s)`` and the lse includes it.
 
 Packed sequences (``forward_variants_varlen``, FlashAttention's varlen layout: q (total_q, H,
 D), ``cu_seqlens``) run in the same kernel (``VARLEN``): a program reads its sequence's offsets
-and lengths, and a block past its sequence's end does nothing. Everything else (grid, the
-online softmax in base 2, the deferred normalisation, GQA, padded head dims) is the portable
-kernel's. A row that sees no key: O = 0 and lse = −inf (the sink's
-logit with a sink). ``course_lib.reference.attention_variants`` is the ground truth.
+and lengths. A row that sees no key: O = 0 and lse = −inf (the sink's logit with a sink).
+``course_lib.reference.attention_variants`` is the ground truth.
 
 Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-27 (B 2, H 16, N 16k,
 D 128, bf16; every provider called eagerly, ``do_bench`` median of 7 rounds in turns; TFLOP/s on
@@ -63,6 +57,7 @@ from course_lib.kernels.band import (  # noqa: F401 (re-exported: lesson 15 prin
     _sequence,
     _tanh,
     _variant_scores,
+    variant_args,
 )
 from course_lib.kernels.flash_v2 import PORTABLE_CONFIGS, _cfg, keep_config_for_head_dim
 from course_lib.validate import Variant
@@ -174,20 +169,16 @@ _variants_tuned = triton.autotune(
 )(_flash_fwd_variants_kernel)
 
 
-def _launch(q, k, v, o, lse, sm_scale, variant, cu, B, H_KV, N_Q, N_K, strides, lse_strides):
-    """One launch of the kernel: ``strides`` of q, k, v, o as (batch, head, row) each."""
-    H, D = q.shape[-2] if cu else q.shape[1], q.shape[-1]
-    window, softcap, alibi_slopes, sinks = variant
+def _launch(q, k, v, o, lse, sm_scale, variant, B, N_Q, N_K, strides, cu=None):
+    """One launch on B sequences (at most N_Q queries and N_K keys each). ``strides``: q's, k's,
+    v's and o's (batch, head, row), then lse's (batch, head); ``cu``: the packed offsets."""
+    H, H_KV, D = q.shape[1], k.shape[1], q.shape[-1]  # (B, H, N, D), or packed (total, H, D)
     lse_arg = o if lse is None else lse  # (never written without STORE_LSE)
-    alibi_b = alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.ndim == 2 else 0
-    args = (q, k, v, o, lse_arg, alibi_slopes if alibi_slopes is not None else lse_arg,
-            sinks if sinks is not None else lse_arg, *(cu or (lse_arg, lse_arg)), *strides,
-            *lse_strides, alibi_b, float(sm_scale), float(softcap) or 1.0, int(window[0]),
-            int(window[1]), H, H // H_KV, N_Q, N_K, next_pow2(max(N_Q, N_K)))
-    meta = {"HEAD_DIM": D, "LONGEST_FIRST": tuple(window) == (-1, 0),
-            "HAS_SOFTCAP": softcap > 0, "HAS_ALIBI": alibi_slopes is not None,
-            "HAS_SINKS": sinks is not None, "DOT_PRECISION": dot_precision(q.dtype),
-            "STORE_LSE": lse is not None, "VARLEN": bool(cu)}
+    tensors, scalars, window, meta = variant_args(variant, sm_scale, lse_arg)
+    args = (q, k, v, o, lse_arg, *tensors, *(cu or (lse_arg, lse_arg)), *strides, *scalars,
+            *window, H, H // H_KV, N_Q, N_K, next_pow2(max(N_Q, N_K)))
+    meta.update(HEAD_DIM=D, DOT_PRECISION=dot_precision(q.dtype), STORE_LSE=lse is not None,
+                VARLEN=bool(cu))
     config = keep_config_for_head_dim(VARIANT_CONFIGS, {"HEAD_DIM": D})[0]
     launch(_flash_fwd_variants_kernel, lambda bm: (cdiv(N_Q, bm), B * H), args, meta, config,
            _variants_tuned if args[-1] >= AUTOTUNE_MIN_N else None)
@@ -197,12 +188,11 @@ def forward_variants(q, k, v, sm_scale: float, variant: Variant, out=None, store
     """(o, lse) of validated inputs: q (B, H, N_q, D); k, v (B, H_kv, N_k, D); ``variant``
     checked (``course_lib.validate.check_variants``: the window normalised, causal included as
     right = 0). ``out``: preallocated (o, lse); lse is None without ``store_lse``."""
-    B, H, N_Q, D = q.shape
+    B, H, N_Q, _ = q.shape
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     o, lse = allocate_outputs(q, out, store_lse)
-    strides = tuple(x for t in (q, k, v, o) for x in t.stride()[:3])
-    _launch(q, k, v, o, lse, sm_scale, variant, None, B, k.shape[1], N_Q, k.shape[2], strides,
-            (H * N_Q, N_Q))
+    strides = [x for t in (q, k, v, o) for x in t.stride()[:3]] + [H * N_Q, N_Q]
+    _launch(q, k, v, o, lse, sm_scale, variant, B, N_Q, k.shape[2], strides)
     return o, lse
 
 
@@ -211,15 +201,11 @@ def forward_variants_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: i
     """Packed sequences (FlashAttention's varlen layout): q (total_q, H, D), k and v (total_k,
     H_kv, D), ``cu_seqlens_*`` int32 (B + 1,) on q's device, each sequence aligned bottom-right
     on its own. Returns o (total_q, H, D) and lse (H, total_q). ``out``: preallocated (o, lse)."""
-    total_q, H, D = q.shape
-    B = cu_seqlens_q.shape[0] - 1
+    total_q, H, _ = q.shape
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    if out is None:
-        out = (torch.empty_like(q), torch.empty(H, total_q, device=q.device,
-                                                dtype=torch.float32))
-    o, lse = out
-    # (batch, head, row) strides: no batch stride, rows start at cu_seqlens[b]
-    strides = tuple(x for t in (q, k, v, o) for x in (0, t.stride(1), t.stride(0)))
-    _launch(q, k, v, o, lse, sm_scale, variant, (cu_seqlens_q, cu_seqlens_k), B, k.shape[1],
-            int(max_seqlen_q), int(max_seqlen_k), strides, (0, lse.stride(0)))
+    o, lse = out or (torch.empty_like(q), q.new_empty((H, total_q), dtype=torch.float32))
+    # no batch stride: sequence b's rows start at cu_seqlens[b]
+    strides = [x for t in (q, k, v, o) for x in (0, t.stride(1), t.stride(0))] + [0, lse.stride(0)]
+    _launch(q, k, v, o, lse, sm_scale, variant, len(cu_seqlens_q) - 1, int(max_seqlen_q),
+            int(max_seqlen_k), strides, (cu_seqlens_q, cu_seqlens_k))
     return o, lse

@@ -1,15 +1,11 @@
 """FlashAttention-2 backward for the attention of open models: window, softcap, ALiBi, sinks.
 
-For notebooks/15_attention_variants.ipynb. It is lesson 10's backward
-(``flash_bwd.py``: a dK/dV kernel where a key block stays on chip and query blocks stream past,
-then a dQ kernel where a query block stays and key blocks stream past) with the forward's two
-changes (``flash_variants.py``):
+For notebooks/15_attention_variants.ipynb: lesson 10's backward (``flash_bwd.py``) with the
+forward's two changes (``flash_variants.py``):
 
-1. **Which blocks a program visits.** The dQ program of a query block visits the key blocks
-   ``_band_bounds`` names, as the forward does. The dK/dV program of a key block needs the
-   transpose: the query rows that see any of its keys, and those that see all of them
-   (``_band_rows``, the jit twin of ``course_lib.masks.block_row_range``). Rows outside are never
-   loaded; rows that see every key of the block run with no mask.
+1. **Which blocks a program visits.** A dQ program visits the key blocks ``_band_bounds`` names,
+   as the forward does; a dK/dV program, the transpose: the query rows that see any or all of its
+   keys (``_band_rows``, the jit twin of ``course_lib.masks.block_row_range``).
 2. **The scores' derivative.** P is recomputed from the forward's lse exactly as the forward
    made it (``_bwd_scores``), and dS = P ∘ (dP − delta), delta_i = dO_i · O_i, is the gradient of
    the loss with respect to the final score s = c·tanh(sm_scale·q·k / c) − slope·|p − j|. Then
@@ -18,17 +14,12 @@ changes (``flash_variants.py``):
        ALiBi:    the bias does not depend on q or k: dS is unchanged
        sinks:    d sink_h = −Σ_i P_i,sink · delta_i, P_i,sink = e^{sink_h − lse_i}
 
-   The sink has no value, so dP has no sink column and delta is still rowsum(dO ∘ O). Its
-   gradient is a sum over the rows of (B, H, N_q) numbers the preprocess already made (lse and
-   delta): a reduction in PyTorch after the kernels, with no extra pass over Q, K or V.
+   The sink has no value, so dP has no sink column and delta is still rowsum(dO ∘ O); d sink is
+   a reduction in PyTorch of the lse and delta, after the kernels: no extra pass over Q, K or V.
 
-Packed sequences (``VARLEN``): the kernels read Q, O, dO (total_q, H, D) and K, V (total_k,
-H_kv, D), FlashAttention's layout, where they lie, and write dQ, dK, dV in that layout: no input
-that is contiguous is copied. Every tensor is addressed by (batch, head, row) strides counted in
-rows of D: (0, 1, H) in this layout (H_kv for K, V), (H·N, N, 1) in (B, H, N, D). A program
-reads its sequence's first rows from ``cu_seqlens``, and a block past its sequence's end does
-nothing. GQA, padded head dims, the configs and the splits of a GQA group over several dK/dV
-programs are lesson 10's (``flash_bwd``).
+Packed sequences (``VARLEN``, FlashAttention's layout: Q, O, dO (total_q, H, D), K, V (total_k,
+H_kv, D)) are read where they lie, no contiguous input copied, and dQ, dK, dV written in that
+layout. GQA, padded head dims, the configs and the splits of a GQA group are lesson 10's.
 ``course_lib.reference.attention_variants`` (autograd) is the ground truth.
 
 Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-27 (B 2, H 16, N 16k,
@@ -49,9 +40,8 @@ import torch
 import triton
 import triton.language as tl
 
-from course_lib._device import INTERPRET, refuse_bf16_in_interpreter
+from course_lib._device import refuse_bf16_in_interpreter
 from course_lib.kernels.attention_common import (
-    AUTOTUNE_MIN_N,
     LOG2E,
     _bwd_preprocess_kernel,
     _load_tile,
@@ -65,9 +55,10 @@ from course_lib.kernels.flash_bwd import (
     DKDV_CONFIGS,
     DQ_CONFIGS,
     BwdConfig,
-    choose_splits,
-    default_config,
-    keep_bwd_config_for_head_dim,
+    _autotuned,
+    _buffers,
+    _launch,
+    _plan,
 )
 from course_lib.validate import Variant
 
@@ -75,10 +66,9 @@ from course_lib.validate import Variant
 @triton.jit
 def _band_rows(start_n, N_Q, N_K, LEFT, RIGHT, BLOCK_N: tl.constexpr, MASK_BLOCK_M: tl.constexpr,
                BLOCK_M: tl.constexpr):
-    """The query rows of the key block [start_n, start_n + BLOCK_N): (lo, full_lo, full_hi, hi).
-    Rows [lo, full_lo) and [full_hi, hi) run masked in MASK_BLOCK_M steps, [full_lo, full_hi)
-    unmasked in BLOCK_M steps; no other row sees a key of the block. Query i sits at key
-    position p = i + N_K − N_Q and sees key j when j − right <= p <= j + left."""
+    """The query rows that see a key of the block [start_n, start_n + BLOCK_N), (lo, full_lo,
+    full_hi, hi): [full_lo, full_hi) unmasked in BLOCK_M steps, the rest masked in MASK_BLOCK_M
+    steps. Query i, at key position p = i + N_K − N_Q, sees key j if j − right <= p <= j + left."""
     offset = N_K - N_Q
     last = tl.minimum(start_n + BLOCK_N, N_K) - 1  # the block's last real key
     lo = tl.where(RIGHT >= 0, tl.maximum(start_n - RIGHT - offset, 0), 0)
@@ -96,10 +86,9 @@ def _band_rows(start_n, N_Q, N_K, LEFT, RIGHT, BLOCK_N: tl.constexpr, MASK_BLOCK
 @triton.jit
 def _bwd_scores(qk, pos_a, pos_b, sm_scale, softcap, slope, HAS_SOFTCAP: tl.constexpr,
                 HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr):
-    """The forward's scores (in q·k's units, ``flash_variants._variant_scores``) and the factor
-    ∂s/∂(sm_scale·q·k) that dS is multiplied by: 1 − tanh² with a softcap, else 1 (unused).
-    ``pos_a`` and ``pos_b`` are the key positions along the tile's rows and columns (queries'
-    p = i + N_K − N_Q, keys' j; either way round, for S or Sᵀ): ALiBi's |p − j|."""
+    """The forward's scores in q·k's units (``band._variant_scores``) and, with a softcap, the
+    factor 1 − tanh² that dS is multiplied by. ``pos_a``, ``pos_b``: the key positions along the
+    tile's rows and columns (p = i + N_K − N_Q of queries, j of keys: S or Sᵀ), ALiBi's |p − j|."""
     s = qk
     dcap = qk
     if HAS_SOFTCAP:
@@ -117,9 +106,8 @@ def _dkdv_rows(dk, dv, k, v, Q, DO, LSE2, Delta, stride_qm, offs_n, lo, hi, N_Q,
                HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """dK (in units of sm_scale) and dV of one key block over the query rows [lo, hi) of one
-    head; Q, DO, LSE2, Delta point at the head's (sequence's) first row, Q's and DO's rows
-    stride_qm rows of HEAD_DIM apart. Computed transposed (Sᵀ, Pᵀ, dPᵀ, dSᵀ: keys along the
-    rows), as lesson 10's kernel, so no tile is transposed."""
+    head, transposed (keys along the rows) as lesson 10's ``_bwd_dkdv_inner``; Q, DO, LSE2, Delta
+    point at the head's (sequence's) first row, Q's and DO's rows stride_qm rows of D apart."""
     HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -170,12 +158,12 @@ def _bwd_dkdv_variants_kernel(
     MASK_BLOCK_M: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """Strides count rows of HEAD_DIM elements (an element stride divided by HEAD_DIM, so every
-    address is a multiple of HEAD_DIM: a head dim like 40 keeps 16-byte loads). Row r of (b, h)
-    starts at element (b·stride_qb + h·stride_qh + r·stride_qm)·HEAD_DIM in Q and DO, at
-    (b·stride_kb + h_kv·stride_kh + r·stride_kn)·HEAD_DIM in K, V, DK and DV (split s of DK and
-    DV: split_rows·s rows further). LSE2 and Delta are fp32 rows: b·stride_lb + h·stride_lh +
-    r."""
+    """Strides count rows of HEAD_DIM elements (every address a multiple of HEAD_DIM: a head dim
+    like 40 keeps 16-byte loads): (0, 1, heads) packed, (heads·N, N, 1) in (B, heads, N, D). Row r
+    of (b, h) starts at element (b·stride_qb + h·stride_qh + r·stride_qm)·HEAD_DIM in Q and DO,
+    of (b, h_kv) at (b·stride_kb + h_kv·stride_kh + r·stride_kn)·HEAD_DIM in K, V, DK, DV (split
+    s: split_rows·s rows further), in LSE2 and Delta at b·stride_lb + h·stride_lh + r. With
+    VARLEN, b is a sequence and r counts from its start in ``cu_seqlens``."""
     pid_n = tl.program_id(0)
     pid_bhs = tl.program_id(1)  # (split, batch, K/V head), K/V head fastest
     group = H // H_KV
@@ -314,102 +302,61 @@ def _bwd_dq_variants_kernel(
 
 
 _KEY = ["N_BUCKET", "HEAD_DIM", "HAS_SOFTCAP", "HAS_ALIBI", "VARLEN", "DOT_PRECISION"]
-_dkdv_tuned = triton.autotune(
-    configs=DKDV_CONFIGS, key=_KEY,
-    prune_configs_by={"early_config_prune": keep_bwd_config_for_head_dim},
-)(_bwd_dkdv_variants_kernel)
-_dq_tuned = triton.autotune(
-    configs=DQ_CONFIGS, key=_KEY + ["LONGEST_FIRST"],
-    prune_configs_by={"early_config_prune": keep_bwd_config_for_head_dim},
-)(_bwd_dq_variants_kernel)
+_dkdv_tuned = _autotuned(_bwd_dkdv_variants_kernel, DKDV_CONFIGS, _KEY)
+_dq_tuned = _autotuned(_bwd_dq_variants_kernel, DQ_CONFIGS, _KEY + ["LONGEST_FIRST"])
 
 
 def _backward(do, q, k, v, o, lse, sm_scale, variant, cu, N_q, N_k, config, splits):
-    """q, o, do (B, H, N_q, D) and k, v (B, H_kv, N_k, D); with ``cu`` (cu_seqlens_q, _k)
-    packed instead: q, o, do (total_q, H, D), k, v (total_k, H_kv, D), one "batch" of every
-    sequence whose programs find their rows from cu_seqlens. The kernels read the tensors, and
-    write dq, dk, dv, in that layout, contiguous (a tensor that is not contiguous is copied into
-    it first)."""
+    """Both public functions' backward; ``cu`` (cu_seqlens_q, cu_seqlens_k) for packed tensors."""
     D = q.shape[-1]
     window, softcap, alibi_slopes, sinks = variant
     q, k, v, o = (t.contiguous() for t in (q, k, v, o))
     do = do.to(q.dtype).contiguous()
-    # (batch, head, row) strides in rows of D, of q, o, do, dq and of k, v, dk, dv; and the rows
-    # of lse2 and delta, (B, H, rows_q) fp32 for both layouts (B = 1 packed)
+    # (batch, head, row) strides in rows of D of q, o, do, dq; of k, v, dk, dv; of lse2, delta
     if cu:  # packed: token t, head h is row t·H + h; sequence b starts at token cu_seqlens[b]
         (rows_q, H), (rows_k, H_kv), B = q.shape[:2], k.shape[:2], 1
-        strides_q, strides_k, strides_l = (0, 1, H), (0, 1, H_kv), (0, rows_q)
+        strides_q, strides_k = (0, 1, H), (0, 1, H_kv)
     else:
-        B, H, rows_q = q.shape[:3]
-        H_kv, rows_k = k.shape[1:3]
+        (B, H, rows_q), (H_kv, rows_k) = q.shape[:3], k.shape[1:3]
         strides_q, strides_k = (H * rows_q, rows_q, 1), (H_kv * rows_k, rows_k, 1)
-        strides_l = (H * rows_q, rows_q)
+    strides_l = (0 if cu else H * rows_q, rows_q)
     refuse_bf16_in_interpreter(q, k, v, do, names=("q", "k", "v", "do"))
-    cfg = config or default_config(D)
-    cfg.check(D)
-    n_bucket = triton.next_power_of_2(max(N_q, N_k))
-    tuned = config is None and not INTERPRET and n_bucket >= AUTOTUNE_MIN_N
     group = H // H_kv
     n_seq = cu[0].shape[0] - 1 if cu else B
-    splits = choose_splits(n_seq, H_kv, group, N_k, cfg.block_n1) if splits is None else splits
-    if splits < 1 or group % splits:
-        raise ValueError(f"splits={splits} must divide the GQA group size {group}")
-    acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    cfg, n_bucket, tuned, splits = _plan(config, splits, D, N_q, N_k, n_seq, H_kv, group)
     lse = lse.contiguous().reshape(B, H, rows_q)
-    delta = torch.empty((B, H, rows_q), dtype=acc_dtype, device=q.device)
-    lse2 = torch.empty_like(delta)
-    dummy = delta
-    alibi = alibi_slopes if alibi_slopes is not None else dummy
+    delta, lse2, dq, dk, dv = _buffers(q, k, v, (B, H, rows_q), splits)
+    alibi = alibi_slopes if alibi_slopes is not None else delta  # delta: an unused pointer
     alibi_b = alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.ndim == 2 else 0
-    cu_args = cu or (dummy, dummy)
     left, right = (int(w) for w in window)
+    layout = (alibi, *(cu or (delta, delta)), *strides_q, *strides_k, *strides_l, alibi_b)
+    common = (float(sm_scale), float(softcap) or 1.0, left, right, H, H_kv, N_q, N_k)
     meta = {"HEAD_DIM": D, "HAS_SOFTCAP": softcap > 0, "HAS_ALIBI": alibi_slopes is not None,
             "VARLEN": bool(cu), "DOT_PRECISION": dot_precision(q.dtype)}
     with interpreter_errstate():  # exp2 of scores outside the band may overflow before tl.where
         _bwd_preprocess_kernel[(triton.cdiv(rows_q, cfg.block_pre), B * H)](
             o, do, lse, delta, lse2, rows_q, H, *strides_q, HEAD_DIM=D, BLOCK_M=cfg.block_pre)
-        if splits == 1:
-            dk, dv = torch.empty_like(k), torch.empty_like(v)
-        else:  # fp32 partial sums, one per split of the group
-            dk = torch.empty((splits, *k.shape), dtype=acc_dtype, device=q.device)
-            dv = torch.empty_like(dk)
-        common = (float(sm_scale), float(softcap) or 1.0, left, right, H, H_kv, N_q, N_k)
-        kv_args = (q, k, v, do, lse2, delta, dk, dv, alibi, *cu_args, *strides_q, *strides_k,
-                   *strides_l, alibi_b, k.numel() // D, *common, group // splits, n_bucket)
-        grid_kv = (triton.cdiv(N_k, cfg.block_n1), splits * n_seq * H_kv)
-        if tuned:
-            _dkdv_tuned[lambda m: (triton.cdiv(N_k, m["BLOCK_N"]), grid_kv[1])](*kv_args, **meta)
-        else:
-            _bwd_dkdv_variants_kernel[grid_kv](
-                *kv_args, **meta, BLOCK_M=cfg.block_m1, BLOCK_N=cfg.block_n1,
-                MASK_BLOCK_M=cfg.block_m1 // cfg.mask_factor, num_warps=cfg.warps_kv,
-                num_stages=cfg.stages_kv)
-        if splits > 1:
-            dk, dv = dk.sum(0).to(k.dtype), dv.sum(0).to(v.dtype)
-        dq = torch.empty_like(q)
-        q_args = (q, k, v, do, lse2, delta, dq, alibi, *cu_args, *strides_q, *strides_k,
-                  *strides_l, alibi_b, *common, n_bucket)
-        meta_q = {**meta, "LONGEST_FIRST": (left, right) == (-1, 0)}
-        if tuned:
-            _dq_tuned[lambda m: (triton.cdiv(N_q, m["BLOCK_M"]), n_seq * H)](*q_args, **meta_q)
-        else:
-            _bwd_dq_variants_kernel[(triton.cdiv(N_q, cfg.block_m2), n_seq * H)](
-                *q_args, **meta_q, BLOCK_M=cfg.block_m2, BLOCK_N=cfg.block_n2,
-                MASK_BLOCK_N=cfg.block_n2 // cfg.mask_factor, num_warps=cfg.warps_q,
-                num_stages=cfg.stages_q)
+        _launch(_bwd_dkdv_variants_kernel, _dkdv_tuned, tuned, cfg.dkdv_blocks(),
+                lambda m: (triton.cdiv(N_k, m["BLOCK_N"]), splits * n_seq * H_kv),
+                q, k, v, do, lse2, delta, dk, dv, *layout, k.numel() // D, *common,
+                group // splits, n_bucket, **meta)
+        _launch(_bwd_dq_variants_kernel, _dq_tuned, tuned, cfg.dq_blocks(),
+                lambda m: (triton.cdiv(N_q, m["BLOCK_M"]), n_seq * H),
+                q, k, v, do, lse2, delta, dq, *layout, *common, n_bucket, **meta,
+                LONGEST_FIRST=(left, right) == (-1, 0))
+    if splits > 1:  # the sum of the partials
+        dk, dv = dk.sum(0).to(k.dtype), dv.sum(0).to(v.dtype)
     dsinks = None
     if sinks is not None:  # d sink_h = −Σ_i e^{sink_h − lse_i} delta_i, over batch and rows
-        lse_f = lse.to(acc_dtype)
-        p_sink = torch.exp(sinks.to(acc_dtype)[None, :, None] - lse_f)
+        p_sink = torch.exp(sinks.to(delta.dtype)[None, :, None] - lse.to(delta.dtype))
         dsinks = -(p_sink * delta).sum((0, 2)).to(sinks.dtype)
     return dq, dk, dv, dsinks
 
 
 def backward_variants(do, q, k, v, o, lse, sm_scale: float, variant: Variant,
                       config: BwdConfig | None = None, splits: int | None = None):
-    """Gradients (dq, dk, dv, dsinks) of ``forward_variants`` for ``dO = do`` (dsinks None
-    without sinks). q, o, do (B, H, N_q, D); k, v (B, H_kv, N_k, D); lse (B, H, N_q) natural
-    log, the forward's (with the sink); ``variant`` checked (``validate.check_variants``)."""
+    """Gradients (dq, dk, dv, dsinks: None without sinks) of ``forward_variants`` for ``dO = do``;
+    lse (B, H, N_q) is the forward's (natural log, with the sink), ``variant`` already checked."""
     return _backward(do, q, k, v, o, lse, sm_scale, variant, None, q.shape[2], k.shape[2],
                      config, splits)
 
@@ -417,9 +364,7 @@ def backward_variants(do, q, k, v, o, lse, sm_scale: float, variant: Variant,
 def backward_variants_varlen(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                              max_seqlen_k: int, sm_scale: float, variant: Variant,
                              config: BwdConfig | None = None):
-    """Gradients (dq, dk, dv, dsinks) of ``forward_variants_varlen``: q, o, do (total_q, H, D),
-    k, v (total_k, H_kv, D), lse (H, total_q). The kernels read the packed tensors where they
-    lie and write dq, dk, dv in the same layout, contiguous: no heads-first copy."""
+    """Gradients (dq, dk, dv, dsinks) of ``forward_variants_varlen``, in its packed layout."""
     return _backward(do, q, k, v, o, lse, sm_scale, variant, (cu_seqlens_q, cu_seqlens_k),
                      int(max_seqlen_q), int(max_seqlen_k), config, 1)
 

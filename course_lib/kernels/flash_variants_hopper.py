@@ -3,26 +3,22 @@ softcap, ALiBi, sinks.
 
 For notebooks/15_attention_variants.ipynb. ``course_lib.ops.flash_attn_v2`` with any of
 ``window_size``, ``softcap``, ``alibi_slopes``, ``sinks`` runs it on sm_90 where lesson 09's
-Hopper kernel would run (``course_lib.ops.impl.best_impl``); elsewhere the portable variants'
-kernel (``flash_variants.py``) runs. It computes exactly what that kernel computes (the same
-``band.py`` rules, the same scores, a row that sees no key gets O = 0 and lse = −inf, or the
-sink's logit with a sink), with the memory plan of lesson 09's kernel (``flash_v2_hopper.py``):
+Hopper kernel would run (``course_lib.ops.impl.best_impl``). It computes exactly what the
+portable variants' kernel (``flash_variants.py``) computes, with lesson 09's memory plan:
 
-1. TMA descriptors for Q, K, V and O, (B, H, N, D); tiles past the ends are clipped (zeros in,
-   nothing out). Packed sequences (varlen) stay on the portable kernel.
-2. Software pipelining of the K/V tiles, Q in registers, row sums on the tensor cores
-   (``ROWSUM_MMA``), as lesson 09's kernel.
-3. **The pinned max, with the band.** The dense kernel pins each row's max after the first key
+1. TMA descriptors for Q, K, V and O, (B, H, N, D), with tiles past the ends clipped (zeros in,
+   nothing out); pipelined K/V tiles, Q in registers, row sums on the tensor cores
+   (``ROWSUM_MMA``). Packed sequences (varlen) stay on the portable kernel.
+2. **The pinned max, with the band.** The dense kernel pins each row's max after the first key
    block, which every row of a causal block sees. In a band the first block may hold no key of
    some rows, so this kernel first runs the *last block every row sees in full* (the one
-   nearest the diagonal), pins its row max, and then runs the rest of the band against it in
-   any order: with no running max there is no rescaling, so the order of the blocks does not
-   matter. A block with no such full key block (a window narrower than the tile), or a weight
-   2^(s − m) that overflows P (above fp16's 65504, about 2^16), runs again with the running
-   max. ALiBi keeps the running max: its bias lets a row's nearest keys score up to
-   slope × (BLOCK_M + BLOCK_N − 1) above the pinned block (63.5 at slope 1/2 with 64 × 64 tiles),
-   enough to overflow fp16's P and run the program twice; pinning for gentle slopes is not
-   measured.
+   nearest the diagonal), pins its row max, and runs the rest of the band against it in any
+   order (nothing is rescaled). A block with no such full key block (a window narrower than the
+   tile), or a weight 2^(s − m) that overflows P (above fp16's 65504, about 2^16), runs again
+   with the running max. ALiBi keeps the running max: its bias lets a row's nearest keys score
+   up to slope × (BLOCK_M + BLOCK_N − 1) above the pinned block (63.5 at slope 1/2 with 64 × 64
+   tiles), enough to overflow fp16's P and run the program twice; pinning for gentle slopes is
+   not measured.
 
 Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-27 (B 2, H 16, N 16k,
 D 128, bf16; every provider called eagerly, ``do_bench`` median of 7 rounds in turns; TFLOP/s on
@@ -59,8 +55,9 @@ from course_lib.kernels.band import (
     _join_sink,
     _key_limits,
     _variant_scores,
+    variant_args,
 )
-from course_lib.kernels.flash_v2_hopper import _descriptor, _set_block_shapes, tma_ready
+from course_lib.kernels.flash_v2_hopper import _cfg, _descriptors, _head_dim_class, tma_ready
 from course_lib.validate import Variant
 
 
@@ -148,8 +145,7 @@ def _flash_fwd_variants_hopper_kernel(
                                       full_hi, hi, q_offset, sm_scale, softcap, slope, j_lo,
                                       j_hi, HEAD_DIM, BLOCK_N, True, True, HAS_SOFTCAP,
                                       HAS_ALIBI, DOT_PRECISION, ROWSUM_MMA)
-            # a weight 2^(s − m) above fp16's 65504 made P overflow (inf): again, with the
-            # running max (NaN fails the test too)
+            # P overflowed (inf; NaN fails the test too): again, with the running max
             redo = tl.max(tl.where(tl.abs(acc) < float("inf"), 0, 1)) > 0
     else:
         redo = True
@@ -178,18 +174,14 @@ def _flash_fwd_variants_hopper_kernel(
         tl.store(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
 
 
-def _cfg(bm, bn, warps, stages, rowsum_mma=False, pinned_max=True):
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "Q_IN_REGS": True,
-                          "ROWSUM_MMA": rowsum_mma, "PINNED_MAX": pinned_max},
-                         num_warps=warps, num_stages=stages, pre_hook=_set_block_shapes)
-
-
-# The candidates, as (BLOCK_M, BLOCK_N, warps, stages, ROWSUM_MMA, PINNED_MAX) in ``_KEEP``, which
-# names the one each head dim runs, chosen by timing every candidate in turns (``python -m
-# course_lib.bench variants --tiles``, course_lib/data/variants_hopper_tiles.json).
+# The candidates (lesson 09's ``_cfg``). ``_KEEP`` names the one each head dim runs, as (BLOCK_M,
+# BLOCK_N, warps, stages, ROWSUM_MMA, PINNED_MAX), chosen by timing every candidate in turns
+# (``python -m course_lib.bench variants --tiles``, course_lib/data/variants_hopper_tiles.json).
 VARIANTS_HOPPER_CONFIGS = [
-    _cfg(64, 64, 4, 3, True), _cfg(64, 64, 4, 3), _cfg(128, 64, 8, 3), _cfg(128, 64, 4, 3),
-    _cfg(64, 64, 4, 3, True, False), _cfg(128, 128, 8, 2), _cfg(64, 64, 4, 2),
+    _cfg(64, 64, 4, 3, True, True, True), _cfg(64, 64, 4, 3, True, False, True),
+    _cfg(128, 64, 8, 3, True, False, True), _cfg(128, 64, 4, 3, True, False, True),
+    _cfg(64, 64, 4, 3, True, True, False), _cfg(128, 128, 8, 2, True, False, True),
+    _cfg(64, 64, 4, 2, True, False, True),
 ]
 # D 128 (B 2, H 16, N 16k, bf16, H100): 64 x 64 tiles, pinned max, row sums on the CUDA cores:
 # causal 504 TFLOP/s, window 1024 382, softcap 506, ALiBi 436, sinks 511 (the other candidates'
@@ -209,47 +201,32 @@ def _shape(c):
 def keep_variants_hopper_config(configs, named_args, **kwargs):
     """Config filter: the config ``_KEEP`` names for this head dim among ``configs`` (the last if
     none); no autotuner, the table names one config per head dim."""
-    d = named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"]
-    wanted = _KEEP[64 if d <= 64 else 128 if d <= 128 else 256]
-    kept = [c for c in configs if _shape(c) in wanted]
+    d = _head_dim_class(named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"])
+    kept = [c for c in configs if _shape(c) in _KEEP[d]]
     return kept or configs[-1:]
 
 
 def forward_variants_hopper(q, k, v, sm_scale: float, variant: Variant, out=None,
                             store_lse=True, config: triton.Config | None = None):
-    """``flash_variants.forward_variants`` with the TMA kernel: the same arguments and
-    results. Power-of-two head dims from 16 on (a TMA tile spans the whole head dim).
-    ``config``: one of ``VARIANTS_HOPPER_CONFIGS`` to run instead of ``_KEEP``'s (the tile
-    benchmark, ``python -m course_lib.bench variants --tiles``; a GPU only)."""
+    """``flash_variants.forward_variants`` with the TMA kernel, for power-of-two head dims from
+    16 on (a TMA tile spans the whole head dim). ``config``: one of ``VARIANTS_HOPPER_CONFIGS``
+    instead of ``_KEEP``'s (the tile benchmark, ``python -m course_lib.bench variants --tiles``)."""
     B, H, N_Q, D = q.shape
     if D & (D - 1) or D < 16:
         raise ValueError(f"the Hopper kernel takes power-of-two head dims of 16 or more, got "
                          f"head dim {D} of q; the portable kernel pads any other")
     H_KV, N_K = k.shape[1], k.shape[2]
-    window, softcap, alibi_slopes, sinks = variant
     q, k, v = (tma_ready(t) for t in (q, k, v))
     o, lse = allocate_outputs(q, out, store_lse)
     lse_arg = o if lse is None else lse  # (never written without store_lse)
-    descs = [_descriptor(t, 16) for t in (q, k, v, o)]  # block shapes: set by the config
-    named = dict(zip(("desc_q", "desc_k", "desc_v", "desc_o"), descs), HEAD_DIM=D)
-    alibi_b = alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.ndim == 2 else 0
-    args = (*descs, lse_arg, alibi_slopes if alibi_slopes is not None else lse_arg,
-            sinks if sinks is not None else lse_arg, alibi_b, float(sm_scale),
-            float(softcap) or 1.0, 1.0, int(window[0]), int(window[1]), H, H // H_KV, N_Q, N_K,
+    descs, prepare = _descriptors(q, k, v, o)
+    tensors, scalars, window, meta = variant_args(variant, sm_scale, lse_arg)
+    args = (*descs, lse_arg, *tensors, *scalars, 1.0, *window, H, H // H_KV, N_Q, N_K,
             next_pow2(max(N_Q, N_K)))
-    meta = {"HEAD_DIM": D, "LONGEST_FIRST": tuple(window) == (-1, 0),
-            "HAS_SOFTCAP": softcap > 0, "HAS_ALIBI": alibi_slopes is not None,
-            "HAS_SINKS": sinks is not None, "DOT_PRECISION": dot_precision(q.dtype),
-            "STORE_LSE": lse is not None}
-    if config is not None:
-        blocks = dict(config.kwargs)
-        _set_block_shapes({**named, **blocks})
-        _flash_fwd_variants_hopper_kernel[(cdiv(N_Q, blocks["BLOCK_M"]), B * H)](
-            *args, **meta, **blocks, num_warps=config.num_warps, num_stages=config.num_stages)
-        return o, lse
-    config = keep_variants_hopper_config(VARIANTS_HOPPER_CONFIGS, {"HEAD_DIM": D})[0]
+    meta.update(HEAD_DIM=D, DOT_PRECISION=dot_precision(q.dtype), STORE_LSE=lse is not None)
+    config = config or keep_variants_hopper_config(VARIANTS_HOPPER_CONFIGS, {"HEAD_DIM": D})[0]
     launch(_flash_fwd_variants_hopper_kernel, lambda bm: (cdiv(N_Q, bm), B * H), args, meta,
-           config, prepare=lambda blocks: _set_block_shapes({**named, **blocks}))
+           config, prepare=prepare)
     return o, lse
 
 

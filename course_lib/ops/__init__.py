@@ -2,18 +2,16 @@
 
     from course_lib.ops import flash_attn_v2, flash_decode
 
-* ``flash_attn_v1(q, k, v, causal=False, sm_scale=None)``: FlashAttention v1 (lesson 07);
+* ``flash_attn_v1``: FlashAttention v1 (lesson 07);
 * ``flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=None, *,
   window_size=(-1, -1), softcap=0.0, alibi_slopes=None, sinks=None)``: FlashAttention-2, forward
   and backward (lessons 08–10), the Hopper kernel on sm_90; the variants of open models (15);
-* ``flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)``:
-  packed sequences of different lengths, FlashAttention's varlen layout, the same variants (15);
-* ``flash_decode(q, k_cache, v_cache, cache_seqlens=None, ..., *, window_size=(-1, -1),
-  softcap=0.0, alibi_slopes=None, sinks=None)`` and ``paged_decode(q, k_pages, v_pages,
-  block_table, cache_seqlens, ...)``: Flash-Decoding, contiguous and paged (12, 13), with the same
+* ``flash_attn_varlen``: packed sequences of different lengths, FlashAttention's varlen layout,
+  the same variants (15);
+* ``flash_decode`` and ``paged_decode``: Flash-Decoding, contiguous and paged (12, 13), the same
   variants (15; causal, and a window reads only its band);
-* ``plan_decode(q, k_cache, v_cache, ...)`` then ``plan.run(...)`` each step: decode with no host
-  work but two launches, capturable in a CUDA graph (12), the variants fixed by the plan;
+* ``plan_decode(...)`` then ``plan.run(...)`` each step: decode with no host work but two
+  launches, capturable in a CUDA graph (12), the variants fixed by the plan;
 * ``matmul(a, b)``, ``vector_add(x, y)``: the tiled matmul (03) and the first kernel (00).
 
 Shapes are (batch, heads, sequence, head dim); ``causal`` is bottom-right aligned; GQA by

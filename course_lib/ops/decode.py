@@ -6,39 +6,27 @@ kernels and their launch plan are in ``course_lib.kernels.decode``.
 
 One mechanism serves every call: a ``DecodePlan``, in the manner of FlashInfer's
 ``plan()``/``run()``. A plan fixes the split count, the launch config and the scratch buffers
-for one batch shape, and launches a step: the first time through Triton, bound
-(``course_lib._launch.bind``), then, while only addresses, the cache's strides and its length
-change (within their specialization classes), as one call into Triton's C launcher per kernel.
+for one batch shape. Its first step goes through Triton and binds the launch
+(``course_lib._launch.bind``); later steps, while only addresses, the cache's strides and its
+length change, are one call into Triton's C launcher per kernel.
 
 * ``plan = plan_decode(q, k_cache, v_cache)``, then ``plan.run(q, k_cache, v_cache,
   cache_seqlens)`` at every step: the checks once, and ``run`` writes into the plan's own
-  output, which is what a CUDA graph captures. The variants are the plan's
-  (``plan_decode(..., window_size=, softcap=, alibi_slopes=, sinks=)``).
-* ``flash_decode(q, k_cache, v_cache, cache_seqlens)`` and ``paged_decode(...)``: the
-  functions (the names and arguments of FlashAttention's ``flash_attn_with_kvcache``, its
-  variants' keywords included: ``window_size``, ``softcap``, ``alibi_slopes``, and GPT-OSS's
-  ``sinks``, notebooks/15_attention_variants.ipynb; the decode is causal, so the window's right
-  is 0). A call runs the plan kept for its arguments' layout (``_plan_key``: shapes, strides,
-  dtypes, devices, scale, variants, stream; a cache that grows by a token per step keeps its
-  plan for a while), with a new output each call; a call with no plan yet checks shapes,
-  dtypes and devices first, and makes one.
-* ``torch.ops.course.flash_decode`` and ``torch.ops.course.paged_decode``: the same, as
-  ``torch.library`` operators with fake implementations (``course_lib.ops.library``). The
-  functions go through them when ``torch.compile`` traces, so a compiled decode step keeps the
-  kernels in its graph (and in its CUDA graph with ``mode="reduce-overhead"``).
+  output, which a CUDA graph can capture.
+* ``flash_decode`` and ``paged_decode``: the names and arguments of FlashAttention's
+  ``flash_attn_with_kvcache``, with its variants' keywords (lesson 15). A call runs the plan
+  kept under its arguments' key (``_plan_key``) and returns a new output; a call with no plan
+  yet is checked first, and makes one.
+* ``torch.ops.course.flash_decode`` and ``torch.ops.course.paged_decode``: the same as
+  ``torch.library`` operators. The functions call them while ``torch.compile`` traces, so a
+  compiled decode step keeps the kernels in its graph.
 
-The values of the lengths and of the block ids in use are checked where reading them costs
-nothing (``validate=None``, the default: on the CPU, outside torch.compile), always with
-``validate=True`` (on a GPU a device→host read: one synchronisation; refused under
-torch.compile and in a CUDA-graph capture) and never with ``validate=False``; a bad value is
-then a ``ValueError`` that names the argument. So the default call on a GPU makes no
-synchronisation, and there a value nothing checked is clamped by the kernel: a length into the
-cache, a block id into the pool. The output is then wrong, but nothing is read outside memory
-(``flash_decode`` and ``paged_decode`` say what each clamp gives).
+``validate`` decides whether the values of the lengths and block ids are read and checked
+(each function's docstring says when). The default reads nothing on a GPU, so it makes no
+synchronisation; there the kernel clamps a bad value: a wrong answer, never a read outside
+the cache.
 """
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -59,7 +47,6 @@ from course_lib.validate import (
 )
 
 NO_WINDOW = (-1, -1)  # the default window: a call that passes this very object has none
-_EMPTY = kd._empty  # the plans' allocator (tests replace ``kd._empty`` to poison buffers)
 
 # ---------------------------------------------------------------------------------------------
 # checks of the arguments (shapes, dtypes, devices; the values where ``validate`` says)
@@ -158,14 +145,17 @@ _FREE_READS = DEVICE == "cpu"
 
 
 def _checks_values(validate) -> bool:
-    """Whether a call reads its lengths and block ids to check them: ``validate=True`` always
-    (refused under torch.compile and in a CUDA-graph capture, which cannot read), None where the
-    read is free (``_FREE_READS``, and not while torch.compile traces), False never. The call
-    sites test ``(validate or _FREE_READS)`` first, so a GPU's default call does not get here."""
+    """Whether a call reads its lengths and block ids to check them: ``validate=True`` always,
+    None where the read is free (``_FREE_READS``, not while torch.compile traces), False never.
+    (Callers test ``validate or _FREE_READS`` first: a GPU's default call does not get here.)"""
     if validate is None:
         return _FREE_READS and not torch.compiler.is_compiling()
     if validate:
-        _refuse_validate_when_compiling()
+        if torch.compiler.is_compiling():
+            raise ValueError("validate=True reads cache_seqlens back to the host, which a "
+                             "compiled graph cannot do: validate once outside torch.compile, "
+                             "or leave validate at None or False (the kernel clamps lengths "
+                             "and block ids into range)")
         if kd.capturing():
             raise ValueError("validate=True reads cache_seqlens back to the host, which a "
                              "CUDA-graph capture cannot do: validate once before capturing, or "
@@ -176,7 +166,7 @@ def _checks_values(validate) -> bool:
 
 
 def _int32(t: torch.Tensor) -> torch.Tensor:
-    return t if t.dtype == torch.int32 and t.stride(-1) == 1 else t.to(torch.int32).contiguous()
+    return t if t.dtype is torch.int32 and t.stride()[-1] == 1 else t.to(torch.int32).contiguous()
 
 
 def _variant(q, window_size, softcap, alibi_slopes, sinks) -> Variant | None:
@@ -208,35 +198,32 @@ def _capturing(stream: int) -> bool:
 # the plan: decided once per batch shape, then each step only launches
 # ---------------------------------------------------------------------------------------------
 
-class _Bound(NamedTuple):
+class _Bound:
     """The launches of a plan's last step, bound (``DecodePlan._launch``), with what they were
-    bound for: the cache tensors and the variants' tensors, the cache's length, the arguments
-    that follow the addresses (``geometry``), the signature the compiled kernel depends on, and
-    the output addresses a bound merge kernel writes to."""
+    bound for: the tensors of the output and lse, the cache, the lengths, the block table and
+    the variants, the
+    cache's length, the arguments that follow the addresses (``geometry``), the signature the
+    compiled kernel depends on (q's strides, no lengths, the block table's row stride, the
+    integers' classes), the split kernel's launch ``split(*addresses, *geometry)``, the merge
+    kernel's (``merges``: none or one) and the (out, lse) addresses it writes to. (A class with
+    slots: its fields are read at every step, faster than a NamedTuple's.)"""
 
-    k: Tensor
-    v: Tensor
-    alibi: Tensor | None
-    sinks: Tensor | None
-    n_max: int
-    geometry: tuple
-    sig: tuple  # (q's strides, no lengths, the block table's row stride, integer classes)
-    split: object  # the split kernel's launch: split(*addresses, *geometry)
-    merges: tuple  # the merge kernel's launch, if any: merge()
-    outs: tuple  # (out, lse) addresses
+    __slots__ = ("out", "lse", "k", "v", "lens", "table", "alibi", "sinks", "n_max", "geometry",
+                 "sig", "split", "merges", "outs")
+
+    def __init__(self, *fields):
+        for name, value in zip(self.__slots__, fields, strict=True):
+            setattr(self, name, value)
 
 
 class DecodePlan:
     """A decode step planned once per batch shape; ``run`` then only launches the kernels.
 
-    Made by ``plan_decode``. It holds the split count (``num_splits``), the launch config and its
-    buffers: the splits' partial outputs and lses, and the output ``out`` (B, H, N_q, D) with its
-    ``lse``. ``run`` checks the shapes it was planned for (and, where ``validate`` says, the
-    lengths and the block table: by default at every step on the CPU, never on a GPU) and writes
-    into ``out``/``lse``, overwriting the previous step's result (FlashInfer's ``run`` does the
-    same with the buffers of its ``plan``): copy a result you want to keep. Every pointer it
-    launches with is either yours or the plan's, so a ``run`` can be captured in a CUDA graph
-    and replayed.
+    Made by ``plan_decode``. It holds the split count (``num_splits``), the launch config, the
+    splits' scratch buffers and the output ``out`` (B, H, N_q, D) with its ``lse``. Each ``run``
+    overwrites ``out`` and ``lse``, as FlashInfer's ``run`` does: copy a result you want to
+    keep. Every pointer it launches with is yours or the plan's, so a ``run`` can be captured
+    in a CUDA graph and replayed.
     """
 
     def __init__(self, split: kd.SplitPlan, q, sm_scale: float, variant: Variant | None):
@@ -249,38 +236,55 @@ class DecodePlan:
         self.out_like = False  # whether torch.empty_like(q) is O's layout (``_run``)
         self._bound: _Bound | None = None  # the launches of the last step
 
-    def _launch(self, q, k, v, lens, table, out, lse, n_max, alibi, sinks) -> None:
-        """One step into ``out``, ``lse``. The launches bound by the last step are repeated when
-        only addresses, the cache's strides and its length changed, and those keep the
-        specialization classes they had (what the compiled kernel depends on: every address
-        16-byte aligned, every integer's class), with q's strides, no profiler hooks and no
-        CUDA-graph capture; a merge kernel's launch only for the same ``out`` and ``lse``."""
+    def _launch(self, q, k, v, lens, table, out, lse, n_max, alibi, sinks, stream) -> None:
+        """One step into ``out``, ``lse`` on ``stream``. The last step's bound launches are
+        repeated when only addresses, the cache's strides and its length changed within the
+        specialization classes the compiled kernel depends on (16-byte aligned addresses, each
+        integer's class), with q's strides, no profiler hooks and no CUDA-graph capture; a bound
+        merge kernel only for the same ``out`` and ``lse``."""
         b = self._bound
-        if (b is not None and b.k is k and b.v is v and b.alibi is alibi and b.sinks is sinks
-                and b.n_max == n_max):
-            geometry, classes = b.geometry, b.sig[3]  # the same cache: what was computed then
+        if (b is not None and b.k is k and b.v is v and b.lens is lens and b.table is table
+                and b.alibi is alibi and b.sinks is sinks and b.n_max == n_max
+                and b.sig[0] == q.stride()):
+            # the cache, lengths and block table of the last step: q is new, out and lse may be
+            p = q.data_ptr()
+            op, sp = (b.outs if out is b.out and lse is b.lse else
+                      (out.data_ptr(), lse.data_ptr()))
+            if (not (p | op | sp) & 15 and (not b.merges or b.outs == (op, sp))
+                    and not hooks_installed() and not _capturing(stream)):
+                b.split(p, k.data_ptr(), v.data_ptr(), p if lens is None else lens.data_ptr(),
+                        p if table is None else table.data_ptr(), op, sp, *b.geometry)
+                for merge in b.merges:
+                    merge()
+                return
+        p, kp, vp, op, sp = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
+        lp = p if lens is None else lens.data_ptr()
+        tp = p if table is None else table.data_ptr()
+        if (b is not None and b.k is k and b.v is v and b.lens is lens and b.table is table
+                and b.alibi is alibi and b.sinks is sinks and b.n_max == n_max):
+            geometry = b.geometry  # the same tensors as the last step: only q's layout may differ
+            sig = b.sig if b.sig[0] == q.stride() else None
         else:
             geometry = (*kd.cache_geometry(self.paged, k, v), n_max,
                         *(t.data_ptr() for t in kd.variant_tensors(alibi, sinks)))
-            classes = int_classes(geometry)
-        p = q.data_ptr()
-        ptrs = (p, k.data_ptr(), v.data_ptr(), p if lens is None else lens.data_ptr(),
-                p if table is None else table.data_ptr(), out.data_ptr(), lse.data_ptr())
-        sig = (q.stride(), lens is None, None if table is None else table.stride(0), classes)
-        stream = _stream_id(self._device_index)
-        if (b is not None and b.sig == sig and (not b.merges or b.outs == ptrs[5:])
-                and not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5] | ptrs[6]) & 15
+            sig = (q.stride(), lens is None, None if table is None else table.stride(0),
+                   int_classes(geometry))
+        if (b is not None and b.sig == sig and (not b.merges or b.outs == (op, sp))
+                and not (p | kp | vp | lp | tp | op | sp) & 15
                 and not hooks_installed() and not _capturing(stream)):
-            b.split(*ptrs, *geometry)
+            b.split(p, kp, vp, lp, tp, op, sp, *geometry)
             for merge in b.merges:
                 merge()
             return
         bind = not _capturing(stream)
         launches = kd.run_plan(self.plan, q, k, v, lens, table, self.sm_scale, out, lse,
                                bind=bind, n_max=n_max, alibi_slopes=alibi, sinks=sinks)
+        if sig is None:
+            sig = (q.stride(), lens is None, None if table is None else table.stride(0),
+                   int_classes(geometry))
         self._bound = (None if not bind or launches is None else
-                       _Bound(k, v, alibi, sinks, n_max, geometry, sig, launches[0],
-                              tuple(launches[1:]), ptrs[5:]))
+                       _Bound(out, lse, k, v, lens, table, alibi, sinks, n_max, geometry, sig,
+                              launches[0], tuple(launches[1:]), (op, sp)))
 
     def run(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, return_lse=False,
             *, validate=None):
@@ -308,7 +312,7 @@ class DecodePlan:
         if (validate or _FREE_READS) and _checks_values(validate):
             self._check_values(cache_seqlens, block_table)
         self._launch(q, k_cache, v_cache, cache_seqlens, block_table, self.out, self.lse,
-                     self.plan.n_max, self._alibi, self._sinks)
+                     self.plan.n_max, self._alibi, self._sinks, _stream_id(self._device_index))
         return (self.out, self.lse) if return_lse else self.out
 
     def _check_values(self, cache_seqlens, block_table) -> None:
@@ -347,7 +351,8 @@ def plan_decode(q, k_cache, v_cache, *, block_table=None, num_splits=None, sm_sc
 
     The arguments are those of ``flash_decode`` (or, with ``block_table``, of ``paged_decode``,
     k_cache and v_cache then being the pages); only their shapes, dtypes and device are used.
-    ``merge`` ("auto", "fused" or "kernel"): how the splits are merged
+    ``config``: a launch config, dict(BLOCK_N, num_warps, num_stages), instead of the
+    kernel's choice (tuning). ``merge`` ("auto", "fused" or "kernel"): how the splits are merged
     (``course_lib.kernels.decode.MERGES``). The variants (``flash_decode``'s keywords) are fixed
     by the plan: a window sets the split count for the keys it reads, and the plan holds the
     ALiBi slopes and sinks it was given (contiguous ones as they are, read at every step; a
@@ -375,8 +380,8 @@ def plan_decode(q, k_cache, v_cache, *, block_table=None, num_splits=None, sm_sc
                          paged=block_table is not None, page_size=page_size,
                          num_blocks=num_blocks, merge=merge, **_split_variant(variant))
     plan = DecodePlan(split, q, sm_scale, variant)
-    plan.out = empty_output(q, kd._empty)
-    plan.lse = kd._empty((B, H, N_q), device=q.device, dtype=torch.float32)
+    plan.out = empty_output(q)
+    plan.lse = torch.empty((B, H, N_q), device=q.device, dtype=torch.float32)
     plan._shapes = (tuple(q.shape), tuple(k_cache.shape),
                     None if block_table is None else tuple(block_table.shape))
     return plan
@@ -408,47 +413,35 @@ def _length_bucket(n: int) -> int:
     return -(-n // step) * step
 
 
-def _plan_key(q, k, v, lens, table, sm_scale, num_splits, config, variant_args,
+def _plan_key(q, k, v, lens, table, sm_scale, num_splits, variant_args,
               operator=False) -> tuple:
-    """The key of the plan a call runs, read off its arguments as given: everything the checks
-    and the plan depend on, so that a call whose key has a plan passes the checks that made it.
-    q's layout; k's and v's shapes (a contiguous cache's length by its ``_length_bucket``: the
-    plan serves every length of the bucket, the kernel is told the true one), last strides,
-    dtypes and devices; the shapes, dtypes and devices of the other tensors (whose strides the
-    call makes contiguous where they are not); the scale, split count, config and variants with
-    their types (True equals 1 but is no count); the stream (buffers are per stream);
-    ``operator`` (the operators' plans, ``_plan``). TypeError, AttributeError or IndexError for
-    what is no tensor, pair or dict: the checks then name it."""
-    ks, vs, dev = k.shape, v.shape, q.get_device()
+    """The key of the plan a call runs: everything the checks and the plan depend on, read off
+    the arguments as given, so that a call whose key has a plan passes the checks that made it.
+    The stream first (buffers are per stream; ``_run`` takes it from here), then the tensors'
+    layouts (a contiguous cache's length by its ``_length_bucket``), the scale, and the other
+    options with their types (True equals 1 but is no count), None where all are defaults.
+    TypeError, AttributeError or IndexError for what is no tensor, pair or dict: the checks
+    then name it."""
+    ks, dev = k.shape, q.get_device()
     window_size, softcap, alibi_slopes, sinks = variant_args
-    return (q.shape, q.stride(), q.dtype, dev, len(ks), ks[0], ks[1], ks[3],
-            ks[2] if table is not None else _length_bucket(ks[2]), ks[2] > 0, ks == vs,
-            k.stride(-1), v.stride(-1), k.dtype, v.dtype, k.get_device(), v.get_device(),
+    if (num_splits is None and window_size is NO_WINDOW
+            and type(softcap) is float and not softcap and alibi_slopes is None and sinks is None):
+        options = None
+    else:
+        options = (type(num_splits), num_splits,
+                   None if window_size is NO_WINDOW else tuple((type(w), w) for w in window_size),
+                   type(softcap), softcap,
+                   tuple(None if t is None else (t.shape, t.dtype, t.get_device())
+                         for t in (alibi_slopes, sinks)))
+    return (_stream_id(dev), q.shape, q.stride(), q.dtype, dev, len(ks), ks[0], ks[1], ks[3],
+            ks[2] if table is not None else _length_bucket(ks[2]), ks == v.shape,
+            k.stride()[-1], v.stride()[-1], k.dtype, v.dtype, k.get_device(), v.get_device(),
             None if lens is None else (lens.shape, lens.dtype, lens.get_device()),
             None if table is None else (table.shape, table.dtype, table.get_device()),
-            type(sm_scale), sm_scale, type(num_splits), num_splits,
-            config if config is None else tuple(
-                (name, type(x), x) for name, x in sorted(config.items())),
-            None if window_size is NO_WINDOW else tuple((type(w), w) for w in window_size),
-            type(softcap), softcap,
-            None if alibi_slopes is None and sinks is None else tuple(
-                None if t is None else (t.shape, t.dtype, t.get_device())
-                for t in (alibi_slopes, sinks)),
-            _stream_id(dev), operator)
+            type(sm_scale), sm_scale, options, operator)
 
 
-def _kept_plan(q, k, v, lens, table, sm_scale, num_splits, config, variant_args):
-    """(key, the plan kept under it or None); no key while torch.compile traces."""
-    if torch.compiler.is_compiling():
-        return None, None
-    try:
-        key = _plan_key(q, k, v, lens, table, sm_scale, num_splits, config, variant_args)
-    except (AttributeError, IndexError, TypeError):
-        return None, None
-    return key, _PLANS.get(key)
-
-
-def _plan(key, q, k, paged, n_max, page_size, num_blocks, num_splits, sm_scale, cfg,
+def _plan(key, q, k, paged, n_max, page_size, num_blocks, num_splits, sm_scale,
           variant, operator=False) -> DecodePlan:
     """A new plan for checked arguments, kept under ``key`` (None: not kept). ``operator``: a
     plan of the operators, whose buffers must be the call's own (under torch.compile's CUDA
@@ -460,12 +453,13 @@ def _plan(key, q, k, paged, n_max, page_size, num_blocks, num_splits, sm_scale, 
     if operator:
         merge = "kernel" if _capturing(_stream_id(q.get_device())) else "fused"
     split = kd.make_plan(B, H, H_kv, N_q, D, n_max if paged else _length_bucket(n_max),
-                         q.device, num_splits=num_splits, config=cfg, paged=paged,
+                         q.device, num_splits=num_splits, paged=paged,
                          page_size=page_size, num_blocks=num_blocks, merge=merge,
                          **_split_variant(variant))
     plan = DecodePlan(split, q, sm_scale, variant)
-    o, like = empty_output(q), torch.empty_like(q)  # (the key holds q's layout)
-    plan.out_like = (o.shape, o.stride()) == (like.shape, like.stride())
+    # torch.empty_like keeps the strides of a dense q: O laid out as q is (the key holds q's
+    # strides), and it parses no shape, dtype or device
+    plan.out_like = q.is_contiguous() or q.transpose(1, 2).is_contiguous()
     if key is not None and (not operator or split.num_splits == 1):
         _PLANS[key] = plan
         if len(_PLANS) > _MAX_PLANS:
@@ -473,22 +467,20 @@ def _plan(key, q, k, paged, n_max, page_size, num_blocks, num_splits, sm_scale, 
     return plan
 
 
-def _run(plan, q, k, v, lens, table, n_max, alibi_slopes, sinks, return_lse=True):
-    """(o, lse) of one call by ``plan``: o new, and lse new unless it is not returned (then a
-    buffer of the plan). ``n_max``: the cache's true length (the plan's may be longer)."""
-    if plan.out_like and kd._empty is _EMPTY:
-        out = torch.empty_like(q)  # O's layout: it parses no shape, dtype or device
-    else:
-        out = empty_output(q, kd._empty)  # laid out as q is: a transposed q's O needs no copy
+def _run(plan, q, k, v, lens, table, n_max, alibi_slopes, sinks, return_lse, stream):
+    """(o, lse) of one call by ``plan`` on ``stream`` (``_stream_id``): o new, and lse new
+    unless it is not returned (then a buffer of the plan). ``n_max``: the cache's true length
+    (the plan's may be longer)."""
+    out = torch.empty_like(q) if plan.out_like else empty_output(q)
     if return_lse or plan.lse is None:
-        lse = kd._empty(q.shape[:3], device=q.device, dtype=torch.float32)
+        lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
         if not return_lse:
             plan.lse = lse  # the scratch lse of the calls that do not return it
     else:
         lse = plan.lse
     plan._launch(q, k, v, lens, table, out, lse, n_max,
                  None if alibi_slopes is None else alibi_slopes.contiguous(),
-                 None if sinks is None else sinks.contiguous())
+                 None if sinks is None else sinks.contiguous(), stream)
     return out, lse
 
 
@@ -497,8 +489,8 @@ def _run(plan, q, k, v, lens, table, n_max, alibi_slopes, sinks, return_lse=True
 # ---------------------------------------------------------------------------------------------
 
 def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm_scale=None,
-                 return_lse=False, config=None, validate=None, window_size=NO_WINDOW,
-                 softcap=0.0, alibi_slopes=None, sinks=None):
+                 return_lse=False, validate=None, window_size=NO_WINDOW, softcap=0.0,
+                 alibi_slopes=None, sinks=None):
     """Flash-Decoding: attention of a few query tokens to a KV cache, split over the keys.
 
     q (B, H, N_q, D); k_cache, v_cache (B, H_kv, N_max, D) with H a multiple of H_kv (GQA);
@@ -516,8 +508,7 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm
     head in the softmax's denominator with no value, o = Σ e^s v / (e^sink + Σ e^s); the lse
     includes it, and a row that sees no key gets o = 0 and lse = sink.
 
-    num_splits: key splits per sequence (None: chosen from the SM count and the work);
-    config: override of dict(BLOCK_N, num_warps, num_stages).
+    num_splits: key splits per sequence (None: chosen from the SM count and the work).
 
     validate: whether the lengths' values are checked, every L_b in [0, N_max] (else a
     ValueError naming cache_seqlens). None (the default): where that costs nothing, on the CPU
@@ -529,35 +520,13 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm
     aligned to its end), L_b < 0 that over no key (o = 0, lse = −inf, or the sink's logit).
     A wrong answer without an error, but never a read outside the cache.
     """
-    variant_args = (window_size, softcap, alibi_slopes, sinks)
-    key, plan = _kept_plan(q, k_cache, v_cache, cache_seqlens, None, sm_scale, num_splits,
-                           config, variant_args)
-    if plan is None:  # the checks (a plan is kept only for a key whose checks passed)
-        B, H, H_kv, N_q, N_max, D = _check_cache(q, k_cache, v_cache, cache_seqlens)
-        _check_num_splits(num_splits)
-        sm_scale = check_sm_scale(sm_scale, D)
-        cfg = _check_config(config, D)
-        variant = _variant(q, *variant_args)
-    n_max = k_cache.shape[2]
-    if cache_seqlens is not None:
-        if (validate or _FREE_READS) and _checks_values(validate):
-            check_cache_seqlens(cache_seqlens, n_max)
-        cache_seqlens = _int32(cache_seqlens)
-    if torch.compiler.is_compiling():
-        o, lse = torch.ops.course.flash_decode(q, k_cache, v_cache, cache_seqlens,
-                                               num_splits or 0, sm_scale, _config_list(cfg),
-                                               *_op_variant(variant))
-    else:
-        plan = plan or _plan(key, q, k_cache, False, n_max, 1, 1, num_splits, sm_scale, cfg,
-                             variant)
-        o, lse = _run(plan, q, k_cache, v_cache, cache_seqlens, None, n_max, alibi_slopes,
-                      sinks, return_lse)
-    return (o, lse) if return_lse else o
+    return _decode(q, k_cache, v_cache, cache_seqlens, None, num_splits, sm_scale, return_lse,
+                   validate, (window_size, softcap, alibi_slopes, sinks))
 
 
 def paged_decode(q, k_pages, v_pages, block_table, cache_seqlens, num_splits=None, *,
-                 sm_scale=None, return_lse=False, config=None, validate=None,
-                 window_size=NO_WINDOW, softcap=0.0, alibi_slopes=None, sinks=None):
+                 sm_scale=None, return_lse=False, validate=None, window_size=NO_WINDOW,
+                 softcap=0.0, alibi_slopes=None, sinks=None):
     """PagedAttention decode: like ``flash_decode``, with K/V stored in fixed-size pages.
 
     q (B, H, N_q, D); k_pages, v_pages (num_blocks, block_size, H_kv, D), the layout of vLLM and
@@ -567,60 +536,67 @@ def paged_decode(q, k_pages, v_pages, block_table, cache_seqlens, num_splits=Non
     ignored. Returns what ``flash_decode`` returns on the same logical data, with the same
     variants' keywords (a window reads only the pages that hold its keys).
 
-    validate: whether the values are checked: every length within [0, max_blocks·block_size]
-    (else a ValueError naming cache_seqlens) and every block id in use, those of the first
-    ceil(L_b / block_size) entries of row b, within [0, num_blocks) (else a ValueError naming
-    the block_table entry). None (the default): where that costs nothing, on the CPU (not while
-    torch.compile traces); on a GPU the call reads nothing back. True: on every device (on a
-    GPU a read back: one synchronisation; refused under torch.compile and in a CUDA-graph
-    capture). False: never. What nothing checked, the kernel clamps: a length into
-    [0, max_blocks·block_size] (as ``flash_decode`` clamps into [0, N_max]), a block id into
+    validate: as ``flash_decode``'s, for the lengths, within [0, max_blocks·block_size], and
+    for every block id in use, those of the first ceil(L_b / block_size) entries of row b,
+    within [0, num_blocks) (else a ValueError naming the block_table entry). What nothing
+    checked, the kernel clamps: a length into [0, max_blocks·block_size], a block id into
     [0, num_blocks − 1], so a negative id reads block 0 and an id past the pool its last block:
     that block's keys and values (another sequence's, or none written) stand in for the
     sequence's own. A wrong answer without an error, but never a read outside the pages.
     """
-    variant_args = (window_size, softcap, alibi_slopes, sinks)
-    key, plan = _kept_plan(q, k_pages, v_pages, cache_seqlens, block_table, sm_scale,
-                           num_splits, config, variant_args)
-    num_blocks, block_size = k_pages.shape[:2]
+    return _decode(q, k_pages, v_pages, cache_seqlens, block_table, num_splits, sm_scale,
+                   return_lse, validate, (window_size, softcap, alibi_slopes, sinks), paged=True)
+
+
+def _decode(q, k, v, lens, table, num_splits, sm_scale, return_lse, validate, variant_args,
+            paged=False):
+    """``flash_decode`` and (``paged``) ``paged_decode``: the plan kept under the call's key,
+    or the checks and a new plan; then one step by it (by the operator under torch.compile)."""
+    compiling, key, plan = torch.compiler.is_compiling(), None, None
+    if not compiling:
+        try:
+            key = _plan_key(q, k, v, lens, table, sm_scale, num_splits, variant_args)
+            plan = _PLANS.get(key)
+        except (AttributeError, IndexError, TypeError):  # the checks below name the argument
+            key = None
     if plan is None:  # the checks (a plan is kept only for a key whose checks passed)
-        *_, D, num_blocks, block_size, max_blocks = _check_pages(
-            q, k_pages, v_pages, block_table, cache_seqlens)
+        if paged:
+            D = _check_pages(q, k, v, table, lens)[4]
+        else:
+            D = _check_cache(q, k, v, lens)[5]
         _check_num_splits(num_splits)
         sm_scale = check_sm_scale(sm_scale, D)
-        cfg = _check_config(config, D)
         variant = _variant(q, *variant_args)
-    capacity = block_table.shape[1] * block_size
-    if (validate or _FREE_READS) and _checks_values(validate):
-        check_block_table(block_table, cache_seqlens, num_blocks, block_size, capacity)
-    block_table, cache_seqlens = _int32(block_table), _int32(cache_seqlens)
-    if torch.compiler.is_compiling():
-        o, lse = torch.ops.course.paged_decode(q, k_pages, v_pages, block_table, cache_seqlens,
-                                               num_splits or 0, sm_scale, _config_list(cfg),
-                                               *_op_variant(variant))
+    if paged:
+        num_blocks, page_size = k.shape[:2]
+        n_max = table.shape[1] * page_size
     else:
-        plan = plan or _plan(key, q, k_pages, True, capacity, block_size, num_blocks,
-                             num_splits, sm_scale, cfg, variant)
-        o, lse = _run(plan, q, k_pages, v_pages, cache_seqlens, block_table, capacity,
-                      alibi_slopes, sinks, return_lse)
+        num_blocks = page_size = 1
+        n_max = k.shape[2]
+    if (validate or _FREE_READS) and _checks_values(validate):
+        if paged:
+            check_block_table(table, lens, num_blocks, page_size, n_max)
+        elif lens is not None:
+            check_cache_seqlens(lens, n_max)
+    if lens is not None:
+        lens = _int32(lens)
+    if paged:
+        table = _int32(table)
+    if compiling:
+        args = (q, k, v, table, lens) if paged else (q, k, v, lens)
+        op = torch.ops.course.paged_decode if paged else torch.ops.course.flash_decode
+        o, lse = op(*args, num_splits or 0, sm_scale, *_op_variant(variant))
+    else:
+        plan = plan or _plan(key, q, k, paged, n_max, page_size, num_blocks, num_splits,
+                             sm_scale, variant)
+        o, lse = _run(plan, q, k, v, lens, table, n_max, variant_args[2], variant_args[3],
+                      return_lse, _stream_id(q.get_device()) if key is None else key[0])
     return (o, lse) if return_lse else o
-
-
-def _refuse_validate_when_compiling():
-    if torch.compiler.is_compiling():
-        raise ValueError("validate=True reads cache_seqlens back to the host, which a compiled "
-                         "graph cannot do: validate once outside torch.compile, or leave "
-                         "validate at None or False (the kernel clamps lengths and block ids "
-                         "into range)")
 
 
 # ---------------------------------------------------------------------------------------------
 # the operators: typed functions (``course_lib.ops.library``); every call returns new tensors
 # ---------------------------------------------------------------------------------------------
-
-def _config_list(cfg) -> list[int]:
-    return [] if cfg is None else [cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"]]
-
 
 def _op_variant(variant: Variant | None) -> tuple:
     """The operators' variant arguments: (window_left, softcap, alibi_slopes, sinks)."""
@@ -628,17 +604,16 @@ def _op_variant(variant: Variant | None) -> tuple:
     return variant.window[0], variant.softcap, variant.alibi_slopes, variant.sinks
 
 
-def _op_call(q, k, v, lens, table, n_max, page_size, num_blocks, num_splits, sm_scale, config,
+def _op_call(q, k, v, lens, table, n_max, page_size, num_blocks, num_splits, sm_scale,
              window_left, softcap, alibi_slopes, sinks):
-    """(o, lse) of an operator's checked arguments; num_splits 0: chosen; config []: default."""
+    """(o, lse) of an operator's checked arguments; num_splits 0: chosen."""
     variant = (None if window_left < 0 and softcap == 0.0 and alibi_slopes is None
                and sinks is None else Variant((window_left, 0), softcap, alibi_slopes, sinks))
-    cfg = dict(zip(("BLOCK_N", "num_warps", "num_stages"), config)) if config else None
-    key = _plan_key(q, k, v, lens, table, sm_scale, num_splits, cfg,
+    key = _plan_key(q, k, v, lens, table, sm_scale, num_splits,
                     ((window_left, 0), softcap, alibi_slopes, sinks), operator=True)
     plan = _PLANS.get(key) or _plan(key, q, k, table is not None, n_max, page_size, num_blocks,
-                                    num_splits or None, sm_scale, cfg, variant, operator=True)
-    return _run(plan, q, k, v, lens, table, n_max, alibi_slopes, sinks)
+                                    num_splits or None, sm_scale, variant, operator=True)
+    return _run(plan, q, k, v, lens, table, n_max, alibi_slopes, sinks, True, key[0])
 
 
 def _fake_outputs(q, *_):
@@ -647,17 +622,17 @@ def _fake_outputs(q, *_):
 
 @operator(_fake_outputs)
 def _flash_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor | None,
-                  num_splits: int, sm_scale: float, config: list[int], window_left: int = -1,
+                  num_splits: int, sm_scale: float, window_left: int = -1,
                   softcap: float = 0.0, alibi_slopes: Tensor | None = None,
                   sinks: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(o, lse) of ``flash_decode`` on checked inputs."""
     return _op_call(q, k_cache, v_cache, cache_seqlens, None, k_cache.shape[2], 1, 1,
-                    num_splits, sm_scale, config, window_left, softcap, alibi_slopes, sinks)
+                    num_splits, sm_scale, window_left, softcap, alibi_slopes, sinks)
 
 
 @operator(_fake_outputs)
 def _paged_decode(q: Tensor, k_pages: Tensor, v_pages: Tensor, block_table: Tensor,
-                  cache_seqlens: Tensor, num_splits: int, sm_scale: float, config: list[int],
+                  cache_seqlens: Tensor, num_splits: int, sm_scale: float,
                   window_left: int = -1, softcap: float = 0.0,
                   alibi_slopes: Tensor | None = None,
                   sinks: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -665,7 +640,7 @@ def _paged_decode(q: Tensor, k_pages: Tensor, v_pages: Tensor, block_table: Tens
     num_blocks, block_size = k_pages.shape[:2]
     return _op_call(q, k_pages, v_pages, cache_seqlens, block_table,
                     block_table.shape[1] * block_size, block_size, num_blocks, num_splits,
-                    sm_scale, config, window_left, softcap, alibi_slopes, sinks)
+                    sm_scale, window_left, softcap, alibi_slopes, sinks)
 
 
 __all__ = ["DecodePlan", "check_cache_seqlens", "flash_decode", "forget_plans", "paged_decode",

@@ -1,8 +1,8 @@
 """Which forward kernel runs a call: the portable one, or the Hopper (TMA) one.
 
-Introduced in notebooks/09_hopper.ipynb. ``course_lib.ops.flash_attn_v2`` asks ``best_impl``
-for the dense kernels (``flash_v2``, ``flash_v2_hopper``), and so does a call with lesson 15's
-variants (``flash_variants``, ``flash_variants_hopper``): one rule for both families.
+Introduced in notebooks/09_hopper.ipynb. One rule, ``best_impl``, serves the dense kernels
+(``flash_v2``, ``flash_v2_hopper``) and those of lesson 15's variants (``flash_variants``,
+``flash_variants_hopper``).
 """
 from __future__ import annotations
 
@@ -11,20 +11,18 @@ import torch
 from course_lib._device import DEVICE
 from course_lib.kernels.flash_v2_hopper import tma_compatible
 
-
-def _available_impls() -> tuple[str, ...]:
-    if DEVICE == "cpu":
-        return ("portable", "hopper")  # the interpreter runs both kernels
-    if torch.cuda.get_device_capability()[0] >= 9:
-        return ("portable", "hopper")
-    return ("portable",)
-
-
-IMPLS = _available_impls()
-
+# The interpreter runs both kernels; a GPU runs the Hopper one from sm_90 on.
+IMPLS = (("portable", "hopper")
+         if DEVICE == "cpu" or torch.cuda.get_device_capability()[0] >= 9 else ("portable",))
 
 # The Hopper kernel from this much work on: B·H·N_q·N_k query-key pairs (see best_impl).
 HOPPER_MIN_PAIRS = 1 << 28
+
+
+def check_impl(impl) -> None:
+    """ValueError unless ``impl`` is None (``best_impl`` picks) or one of ``IMPLS``."""
+    if impl is not None and impl not in IMPLS:
+        raise ValueError(f"impl must be None or one of {IMPLS}, got {impl!r}")
 
 
 def best_impl(q: torch.Tensor, k: torch.Tensor | None = None,
@@ -39,12 +37,10 @@ def best_impl(q: torch.Tensor, k: torch.Tensor | None = None,
     an H100, 2026-11-27 (course_lib/data/perf_notes.md, "O in q's layout ..."): N 2048 (2^27
     pairs), GPU 65.9 µs portable and 66.0 µs Hopper, host 19.8 and 33.0 µs; N 4096 (2^29), GPU
     201.4 and 177.1 µs."""
-    D = q.shape[-1]
-    B, H, N_q = q.shape[0], q.shape[1], q.shape[2]
+    B, H, N_q, D = q.shape
     N_k = k.shape[-2] if k is not None else N_q
     if (DEVICE == "cuda" and "hopper" in IMPLS and D >= 64 and D & (D - 1) == 0
             and B * H * N_q * N_k >= HOPPER_MIN_PAIRS):
         if all(tma_compatible(t) for t in (q, k, v) if t is not None):
             return "hopper"
     return "portable"
-

@@ -1,12 +1,11 @@
 """How the course registers its ``torch.library`` operators (``torch.ops.course.*``).
 
-An operator is a typed Python function; its schema is read from its type hints
-(``torch.library.infer_schema``), as ``torch.library.custom_op`` reads it. Registered through
-``torch.library.Library`` rather than the ``custom_op`` decorator: the same schema, fake
-implementation and autograd, but a call skips ``custom_op``'s Python wrappers (a guard and an
-aliasing check of the outputs on every call), which a compiled prefill would pay at every layer.
-The implementations return fresh tensors, which is what that check enforces; tests/test_ops.py
-runs ``torch.library.opcheck`` on every operator.
+An operator is a typed Python function; its schema is read from its type hints, as
+``torch.library.custom_op`` reads it. Registered through ``torch.library.Library`` rather than
+``custom_op``: the same schema, fake implementation and autograd, but a call skips
+``custom_op``'s per-call guard and aliasing check of the outputs, which a compiled prefill would
+pay at every layer. The implementations return fresh tensors, as that check demands;
+tests/test_ops.py runs ``torch.library.opcheck`` on every operator.
 """
 from __future__ import annotations
 

@@ -1,24 +1,17 @@
 """The attention of open models as differentiable functions and PyTorch operators (lesson 15).
 
-Introduced in notebooks/15_attention_variants.ipynb. ``flash_attn_v2(..., window_size=,
-softcap=, alibi_slopes=, sinks=)`` (``course_lib.ops.attention``) sends a call with a variant
-here, and ``flash_attn_varlen`` takes packed sequences; both with FlashAttention's arguments
-and semantics (github.com/Dao-AILab/flash-attention, ``flash_attn_func`` and
-``flash_attn_varlen_func``), sinks as GPT-OSS's per-head logit. The kernels are
-``kernels/flash_variants.py`` (the portable forward, and every packed call),
-``kernels/flash_variants_hopper.py`` (the TMA forward, where ``ops.impl.best_impl`` picks the
-Hopper kernel) and ``kernels/flash_variants_bwd.py`` (backward). The checked variants travel as
-one ``validate.Variant`` from the checks to the launchers.
+Introduced in notebooks/15_attention_variants.ipynb. ``flash_attn_v2`` sends a call with a
+variant (``window_size``, ``softcap``, ``alibi_slopes``, ``sinks``) here; ``flash_attn_varlen``
+takes packed sequences. Both follow FlashAttention's arguments and semantics
+(github.com/Dao-AILab/flash-attention, ``flash_attn_func`` and ``flash_attn_varlen_func``), with
+sinks as GPT-OSS's per-head logit. The kernels: ``kernels/flash_variants.py`` (the portable
+forward, and every packed call), ``kernels/flash_variants_hopper.py`` (the TMA forward) and
+``kernels/flash_variants_bwd.py``. The checked variants travel as one ``validate.Variant``.
 
-Each direction is an operator (``course_lib.ops.library``) that ``torch.compile(fullgraph=True)``
-traces through: ``course::flash_attn_variants_fwd`` / ``_bwd`` and ``course::flash_attn_varlen_fwd``
-/ ``_bwd``. A forward's autograd formula saves q, k, v, O and the lse, and returns the gradients
-of q, k, v and of the sinks (the ALiBi slopes are constants, as in FlashAttention).
-
-The checks read shapes, dtypes and devices, never a value on the GPU: the offsets of packed
-sequences are checked (start at 0, never decrease, end at the tensors' lengths, no sequence
-longer than its ``max_seqlen``) where reading them costs nothing, on the CPU, and on the GPU
-only with ``validate=True`` (one synchronisation).
+Each direction is an operator (``course_lib.ops.library``): ``course::flash_attn_variants_fwd``
+/ ``_bwd`` and ``course::flash_attn_varlen_fwd`` / ``_bwd``. A forward's autograd saves q, k, v,
+O and the lse, and returns the gradients of q, k, v and the sinks (the ALiBi slopes are
+constants, as in FlashAttention). The checks read no value on the GPU but with ``validate=True``.
 """
 from __future__ import annotations
 
@@ -44,14 +37,18 @@ from course_lib.validate import (
 NO_WINDOW = (-1, -1)
 
 
-def check_call(q, k, v, causal, sm_scale, window_size, softcap, alibi_slopes, sinks):
-    """The checks of a dense call with variants: (sm_scale, ``Variant``), normalised."""
-    D = check_attention_inputs(q, k, v)[-1]
-    sm_scale = check_sm_scale(sm_scale, D)
-    variant = check_variants(q, causal, window_size, softcap, alibi_slopes, sinks)
+def check_grid(q) -> None:
+    """ValueError if q's batch x heads exceed the grid axis that carries them."""
     if q.shape[0] * q.shape[1] > MAX_GRID_Y:
         raise ValueError(f"q's batch x heads = {q.shape[0] * q.shape[1]} exceeds {MAX_GRID_Y}, "
                          "the CUDA grid's limit on the axis that carries them; split the batch")
+
+
+def check_call(q, k, v, causal, sm_scale, window_size, softcap, alibi_slopes, sinks):
+    """The checks of a dense call with variants: (sm_scale, ``Variant``), normalised."""
+    sm_scale = check_sm_scale(sm_scale, check_attention_inputs(q, k, v)[-1])
+    variant = check_variants(q, causal, window_size, softcap, alibi_slopes, sinks)
+    check_grid(q)
     return sm_scale, variant
 
 
@@ -59,17 +56,16 @@ _FORWARDS = {"portable": forward_variants, "hopper": forward_variants_hopper}
 
 
 def _forward(q, k, v, sm_scale, variant, impl, store_lse=True):
-    """The launcher ``impl`` names. "auto": ``best_impl``'s pick (the dense kernels' rule) for
-    the head dims whose TMA config was measured with the variants (``MEASURED_HEAD_DIMS``), the
-    portable kernel for the others."""
+    """The launcher ``impl`` names. "auto": ``best_impl``'s pick for the head dims whose TMA
+    config was measured with the variants (``MEASURED_HEAD_DIMS``), else the portable one."""
     if impl == "auto":
         impl = best_impl(q, k, v) if q.shape[-1] in MEASURED_HEAD_DIMS else "portable"
     return _FORWARDS[impl](q, k, v, sm_scale, variant, store_lse=store_lse)
 
 
 def flash_attn_variants(q, k, v, sm_scale, variant, return_lse=False, impl=None):
-    """The variants' forward (and autograd) on checked arguments (``check_call``, and ``impl``
-    None (``best_impl``) or one of ``IMPLS``, as ``flash_attn_v2`` checks it)."""
+    """The variants' forward (and autograd) on arguments checked as ``flash_attn_v2`` checks
+    them (``check_call``, ``check_impl``)."""
     impl = impl or "auto"
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, variant.sinks))
@@ -89,13 +85,12 @@ def check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
             f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
     if q.shape[1] * q.shape[0] == 0 or k.shape[0] == 0:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} must hold some rows")
-    # the checks of the dense layout, on (1, H, total, D) views: dtypes, devices, GQA, head dim
+    # the dense checks on (1, H, total, D) views: dtypes, devices, GQA, head dim
     check_attention_inputs(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                            v.transpose(0, 1)[None])
-    if validate is None:
-        validate = DEVICE == "cpu"
+    read = DEVICE == "cpu" if validate is None else bool(validate)
     check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                 read_values=bool(validate) and not torch.compiler.is_compiling())
+                 read_values=read and not torch.compiler.is_compiling())
     return q.shape[-1]
 
 
@@ -121,11 +116,8 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     return (o, lse) if return_lse else o
 
 
-# ---------------------------------------------------------------------------------------------
-# The operators: typed functions (course_lib.ops.library), each variant as five arguments
-# (window_left, window_right, softcap, alibi_slopes, sinks); a backward returns an empty dsinks
-# where there are no sinks
-# ---------------------------------------------------------------------------------------------
+# The operators (course_lib.ops.library) take a variant as five arguments (window_left,
+# window_right, softcap, alibi_slopes, sinks); a backward returns an empty dsinks without sinks.
 def _op_args(variant: Variant) -> tuple:
     return (*variant.window, variant.softcap, variant.alibi_slopes, variant.sinks)
 
@@ -141,10 +133,10 @@ def _grads_fake(do, q, k, v, *args):
 
 
 def _setup_variants(ctx, inputs, output):
-    q, k, v, sm_scale, window_left, window_right, softcap, alibi_slopes, sinks, _impl = inputs
+    q, k, v, *scalars, alibi_slopes, sinks, _impl = inputs
     ctx.save_for_backward(q, k, v, *output, alibi_slopes, sinks)
     ctx.mark_non_differentiable(output[1])
-    ctx.scalars = (sm_scale, window_left, window_right, softcap)
+    ctx.scalars = scalars  # sm_scale, window_left, window_right, softcap
 
 
 def _backward_variants(ctx, do, _dlse):
@@ -156,11 +148,10 @@ def _backward_variants(ctx, do, _dlse):
 
 
 def _setup_varlen(ctx, inputs, output):
-    (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, sm_scale, window_left,
-     window_right, softcap, alibi_slopes, sinks) = inputs
+    q, k, v, cu_seqlens_q, cu_seqlens_k, *scalars, alibi_slopes, sinks = inputs
     ctx.save_for_backward(q, k, v, *output, cu_seqlens_q, cu_seqlens_k, alibi_slopes, sinks)
     ctx.mark_non_differentiable(output[1])
-    ctx.scalars = (max_seqlen_q, max_seqlen_k, sm_scale, window_left, window_right, softcap)
+    ctx.scalars = scalars  # the two max_seqlen, sm_scale, the window, softcap
 
 
 def _backward_varlen(ctx, do, _dlse):

@@ -200,16 +200,15 @@ def _capturing(stream: int) -> bool:
 
 class _Bound:
     """The launches of a plan's last step, bound (``DecodePlan._launch``), with what they were
-    bound for: the tensors of the output and lse, the cache, the lengths, the block table and
-    the variants, the
+    bound for: the cache tensors and the variants' tensors (inputs of the call: a tensor it
+    allocates, under torch.compile's CUDA graphs one of the graph's pool, is never kept), the
     cache's length, the arguments that follow the addresses (``geometry``), the signature the
     compiled kernel depends on (q's strides, no lengths, the block table's row stride, the
     integers' classes), the split kernel's launch ``split(*addresses, *geometry)``, the merge
     kernel's (``merges``: none or one) and the (out, lse) addresses it writes to. (A class with
     slots: its fields are read at every step, faster than a NamedTuple's.)"""
 
-    __slots__ = ("out", "lse", "k", "v", "lens", "table", "alibi", "sinks", "n_max", "geometry",
-                 "sig", "split", "merges", "outs")
+    __slots__ = ("k", "v", "alibi", "sinks", "n_max", "geometry", "sig", "split", "merges", "outs")
 
     def __init__(self, *fields):
         for name, value in zip(self.__slots__, fields, strict=True):
@@ -232,7 +231,7 @@ class DecodePlan:
         variant = variant or Variant((-1, 0))
         self._alibi, self._sinks = variant.alibi_slopes, variant.sinks
         self._device_index = q.get_device()
-        self.out = self.lse = self._shapes = None
+        self.out = self.lse = self._shapes = self._outs = None  # (``_outs``: their addresses)
         self.out_like = False  # whether torch.empty_like(q) is O's layout (``_run``)
         self._bound: _Bound | None = None  # the launches of the last step
 
@@ -243,32 +242,19 @@ class DecodePlan:
         integer's class), with q's strides, no profiler hooks and no CUDA-graph capture; a bound
         merge kernel only for the same ``out`` and ``lse``."""
         b = self._bound
-        if (b is not None and b.k is k and b.v is v and b.lens is lens and b.table is table
-                and b.alibi is alibi and b.sinks is sinks and b.n_max == n_max
-                and b.sig[0] == q.stride()):
-            # the cache, lengths and block table of the last step: q is new, out and lse may be
-            p = q.data_ptr()
-            op, sp = (b.outs if out is b.out and lse is b.lse else
-                      (out.data_ptr(), lse.data_ptr()))
-            if (not (p | op | sp) & 15 and (not b.merges or b.outs == (op, sp))
-                    and not hooks_installed() and not _capturing(stream)):
-                b.split(p, k.data_ptr(), v.data_ptr(), p if lens is None else lens.data_ptr(),
-                        p if table is None else table.data_ptr(), op, sp, *b.geometry)
-                for merge in b.merges:
-                    merge()
-                return
-        p, kp, vp, op, sp = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr()
+        p, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+        op, sp = (self._outs if out is self.out and lse is self.lse else
+                  (out.data_ptr(), lse.data_ptr()))  # (a plan's own buffers: known addresses)
         lp = p if lens is None else lens.data_ptr()
         tp = p if table is None else table.data_ptr()
-        if (b is not None and b.k is k and b.v is v and b.lens is lens and b.table is table
-                and b.alibi is alibi and b.sinks is sinks and b.n_max == n_max):
-            geometry = b.geometry  # the same tensors as the last step: only q's layout may differ
-            sig = b.sig if b.sig[0] == q.stride() else None
+        if (b is not None and b.k is k and b.v is v and b.alibi is alibi and b.sinks is sinks
+                and b.n_max == n_max):
+            geometry, classes = b.geometry, b.sig[3]  # the same cache: what was computed then
         else:
             geometry = (*kd.cache_geometry(self.paged, k, v), n_max,
                         *(t.data_ptr() for t in kd.variant_tensors(alibi, sinks)))
-            sig = (q.stride(), lens is None, None if table is None else table.stride(0),
-                   int_classes(geometry))
+            classes = int_classes(geometry)
+        sig = (q.stride(), lens is None, None if table is None else table.stride(0), classes)
         if (b is not None and b.sig == sig and (not b.merges or b.outs == (op, sp))
                 and not (p | kp | vp | lp | tp | op | sp) & 15
                 and not hooks_installed() and not _capturing(stream)):
@@ -279,12 +265,9 @@ class DecodePlan:
         bind = not _capturing(stream)
         launches = kd.run_plan(self.plan, q, k, v, lens, table, self.sm_scale, out, lse,
                                bind=bind, n_max=n_max, alibi_slopes=alibi, sinks=sinks)
-        if sig is None:
-            sig = (q.stride(), lens is None, None if table is None else table.stride(0),
-                   int_classes(geometry))
         self._bound = (None if not bind or launches is None else
-                       _Bound(out, lse, k, v, lens, table, alibi, sinks, n_max, geometry, sig,
-                              launches[0], tuple(launches[1:]), (op, sp)))
+                       _Bound(k, v, alibi, sinks, n_max, geometry, sig, launches[0],
+                              tuple(launches[1:]), (op, sp)))
 
     def run(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, return_lse=False,
             *, validate=None):
@@ -382,6 +365,7 @@ def plan_decode(q, k_cache, v_cache, *, block_table=None, num_splits=None, sm_sc
     plan = DecodePlan(split, q, sm_scale, variant)
     plan.out = empty_output(q)
     plan.lse = torch.empty((B, H, N_q), device=q.device, dtype=torch.float32)
+    plan._outs = (plan.out.data_ptr(), plan.lse.data_ptr())
     plan._shapes = (tuple(q.shape), tuple(k_cache.shape),
                     None if block_table is None else tuple(block_table.shape))
     return plan

@@ -13,6 +13,7 @@ from course_lib.analysis import flash_v2 as plan
 from course_lib.analysis import hopper as hp
 from course_lib.bench import attention as ab
 from course_lib.bench import common
+from course_lib.bench import kernel_configs as kc
 from course_lib.bench.common import load_result
 from course_lib.bench.plots import plot_attention
 from course_lib.exercises import flash_v2 as ex
@@ -212,9 +213,9 @@ def test_shared_memory_per_stage():
     assert hp.max_stages(128, 128, 256, 227 * 1024) == 1
     assert hp.max_stages(256, 64, 256, 64 * 1024) == 0
     rows = hp.config_rows()
-    assert len(rows) == 3 * len(hop.HOPPER_CONFIGS)
+    assert len(rows) == 3 * len(kc.HOPPER_CONFIGS)
     for r in rows:
-        assert not r["kept"] or r["fits"], r  # the filter never keeps what cannot fit
+        assert not r["kept"] or r["fits"], r  # the table never runs what cannot fit
     kept256 = [r["config"] for r in rows if r["D"] == 256 and r["kept"]]
     assert kept256 == ["64x64 w4 s2 Q smem pinned"]
     assert all(r["fits"] for r in rows if r["D"] == 64)  # everything fits at D 64 ...
@@ -312,11 +313,8 @@ def test_exercise_solutions_pass_and_stubs_do_not_crash(capsys):
 # ----------------------------------------------------------------------------- Q in registers
 
 def test_q_in_regs_configs_labels_and_smem():
-    kept64 = [hp.config_label(c) for c in hop.keep_hopper_config(hop.HOPPER_CONFIGS,
-                                                                   {"HEAD_DIM": 64})]
-    assert kept64[0] == "128x64 w4 s3 pinned" and not any("Q smem" in lbl for lbl in kept64)
-    kept256 = hop.keep_hopper_config(hop.HOPPER_CONFIGS, {"HEAD_DIM": 256})
-    assert [hp.config_label(c) for c in kept256] == ["64x64 w4 s2 Q smem pinned"]
+    assert hp.config_label(hop.hopper_config(64, False, 1 << 14)) == "128x64 w4 s3 pinned"
+    assert hp.config_label(hop.hopper_config(256, False, 1 << 14)) == "64x64 w4 s2 Q smem pinned"
     # Q in registers frees the Q tile's buffer: 128 x 128 with 3 stages fits easily at D 128
     assert hp.smem_bytes(128, 128, 128, 3, q_in_regs=True)["total"] == 192 * 1024
     assert hp.smem_bytes(128, 128, 128, 3)["total"] == 224 * 1024
@@ -374,23 +372,20 @@ def test_bench_hopper_providers_run_the_configs():
 
 def test_hopper_configs_per_head_dim():
     def kept(d, causal):
-        return [hp.config_label(c) for c in hop.keep_hopper_config(
-            hop.HOPPER_CONFIGS, {"HEAD_DIM": d}, CAUSAL=causal)]
+        return [hp.config_label(hop.hopper_config(d, causal, 1 << 14))]
 
     # one config per row: it won every paired point (hopper_pinned.json)
     assert kept(64, True) == kept(64, False) == ["128x64 w4 s3 pinned"]
     assert kept(128, False) == kept(128, True) == ["64x64 w4 s3 l-MMA pinned"]
-    # CAUSAL may also come as a named argument, as the autotuner passes it
-    assert [hp.config_label(c) for c in hop.keep_hopper_config(
-        hop.HOPPER_CONFIGS, {"HEAD_DIM": 64, "CAUSAL": True})] == ["128x64 w4 s3 pinned"]
-    # a row without a measured config falls back to the last config rather than to nothing
-    assert len(hop.keep_hopper_config(hop.HOPPER_CONFIGS[:2], {"HEAD_DIM": 64})) == 1
+    # every config of the table is one of the candidates the benchmarks timed
+    labels = {hp.config_label(c) for c in kc.HOPPER_CONFIGS}
+    assert {hp.config_label(c) for c in (*hop.HOPPER_TABLE.values(), hop.SHORT_CAUSAL_64)} <= labels
+    assert [d for d in (16, 32, 64, 128, 256) if kc.kept(kc.HOPPER_CONFIGS[10], d)] == [16, 32, 64]
 
 
 def test_short_causal_sequences_at_d64_take_64_row_tiles():
     def kept(d, causal, n_bucket):
-        return [hp.config_label(c) for c in hop.keep_hopper_config(
-            hop.HOPPER_CONFIGS, {"HEAD_DIM": d, "N_BUCKET": n_bucket}, CAUSAL=causal)]
+        return [hp.config_label(hop.hopper_config(d, causal, n_bucket))]
 
     assert hop.SHORT_CAUSAL_N == 2048
     for n in (16, 1024, 2048):
@@ -470,7 +465,7 @@ def test_the_interpreter_runs_the_gpu_code_path(monkeypatch, D, rowsum):
     from course_lib import INTERPRET
     from course_lib.ops import flash_attn_v2
 
-    first = hop.keep_hopper_config(hop.HOPPER_CONFIGS, {"HEAD_DIM": D})[0]
+    first = hop.hopper_config(D, False, 1 << 14)
     assert first.kwargs["ROWSUM_MMA"] is rowsum and first.kwargs["Q_IN_REGS"]
     assert first.kwargs["PINNED_MAX"]
     if not INTERPRET:
@@ -586,7 +581,7 @@ def test_pinned_rows_timeline_and_mma_only_from_the_stored_runs():
     assert {r["idea"] for r in rows} == {i[0] for i in hp.PINNED_IDEAS}
     for r in rows:
         assert r["with / without"] == pytest.approx(r["with / FA2"] / r["without / FA2"])
-    # why the D 64 and D 128 rows of _HOPPER_KEEP pin the max: it won at every paired point
+    # why the D 64 and D 128 rows of HOPPER_TABLE pin the max: it won at every paired point
     for idea in ("pinned max, 128 x 64 (D 64)", "pinned max + l on MMA, 64 x 64 (D 128)"):
         gains = [r["with / without"] for r in rows if r["idea"] == idea]
         assert len(gains) == 6 and min(gains) > 1.0

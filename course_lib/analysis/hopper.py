@@ -4,7 +4,7 @@ Introduced in notebooks/09_hopper.ipynb, next to ``course_lib.kernels.flash_v2_h
 
 * ``smem_bytes`` / ``config_rows``: the shared memory a config's tiles need (the Q tile plus
   ``num_stages`` K and V tiles) against an SM's 228 KiB (``course_lib.hardware``), and which
-  configs the kernel's named filter ``keep_hopper_config`` keeps for each head dim;
+  candidates the kernel's table (``flash_v2_hopper.hopper_config``) runs for each head dim;
   ``plot_smem_per_stage`` draws it;
 * ``score_costs``: the two numbers of the ceiling argument, per score element: the tensor-core
   time of its 4·D FLOPs and the exp2 + FP32 time of its softmax, from the CUDA Programming
@@ -53,21 +53,20 @@ def max_stages(BLOCK_M: int, BLOCK_N: int, D: int, budget_bytes: int, elem_bytes
     return max(0, left // (2 * BLOCK_N * D * elem_bytes))
 
 
-def config_rows(configs=None, head_dims=(64, 128, 256), gpu: str | GPUSpec = "H100-SXM",
-                keep=None) -> list[dict]:
-    """Per (head dim, config): the estimate, whether it fits one block's shared memory, and
-    whether the kernel's filter (``keep_hopper_config`` unless ``keep`` is given) keeps it for
-    some call: causal or not, short or long (``N_BUCKET``)."""
+def config_rows(configs=None, head_dims=(64, 128, 256),
+                gpu: str | GPUSpec = "H100-SXM") -> list[dict]:
+    """Per (head dim, candidate config, ``bench.kernel_configs.HOPPER_CONFIGS`` unless
+    ``configs`` is given): the estimate, whether it fits one block's shared memory, and whether
+    the kernel's table (``flash_v2_hopper.hopper_config``) runs it for some call: causal or
+    not, short or long (``N_BUCKET``)."""
+    from course_lib.bench.kernel_configs import HOPPER_CONFIGS, kept
     from course_lib.kernels import flash_v2_hopper as hop
 
-    configs = hop.HOPPER_CONFIGS if configs is None else configs
-    keep = hop.keep_hopper_config if keep is None else keep
+    configs = HOPPER_CONFIGS if configs is None else configs
     spec = get_gpu(gpu)
     budget = spec.smem_per_block_bytes or spec.smem_per_sm_bytes
     rows = []
     for d in head_dims:
-        kept = {id(c) for causal in (False, True) for n in (hop.SHORT_CAUSAL_N, 1 << 30)
-                for c in keep(configs, {"HEAD_DIM": d, "N_BUCKET": n}, CAUSAL=causal)}
         for c in configs:
             est = smem_bytes(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], d, c.num_stages,
                              q_in_regs=c.kwargs.get("Q_IN_REGS", False))
@@ -76,13 +75,16 @@ def config_rows(configs=None, head_dims=(64, 128, 256), gpu: str | GPUSpec = "H1
                          "stages": c.num_stages, "q_kib": est["q"] / 1024,
                          "per_stage_kib": est["per_stage"] / 1024,
                          "total_kib": est["total"] / 1024, "budget_kib": budget / 1024,
-                         "fits": est["total"] <= budget, "kept": id(c) in kept})
+                         "fits": est["total"] <= budget,
+                         "kept": any(kept(c, d, causal, n) for causal in (False, True)
+                                     for n in (hop.SHORT_CAUSAL_N, 1 << 30))})
     return rows
 
 
 def plot_smem_per_stage(head_dims=(64, 128, 256), gpu: str = "H100-SXM"):
     """Stacked bars: the Q tile and each stage's K + V tiles of every Hopper config, per head
-    dim, against the shared memory one block may use; configs the filter drops are hatched."""
+    dim, against the shared memory one block may use; configs the kernel does not run are
+    hatched."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -113,7 +115,7 @@ def plot_smem_per_stage(head_dims=(64, 128, 256), gpu: str = "H100-SXM"):
                                   label="Q tile (where Q stays in shared memory)"),
                             Patch(color="tab:blue", label="one stage: K + V tiles"),
                             Patch(facecolor="white", edgecolor="gray", hatch="//",
-                                  label="dropped by keep_hopper_config")],
+                                  label="not in the kernel's table")],
                    fontsize=10, loc="upper left")
     fig.suptitle(f"Hopper configs: tiles in flight against {get_gpu(gpu).name}'s shared memory",
                  fontsize=12)
@@ -616,10 +618,12 @@ def pinned_rows(data: dict | None = None, spike: bool = False) -> list[dict]:
 
 def kept_label(D: int) -> str:
     """The name ``hopper_pinned.json`` gives the config the kernel keeps at head dim ``D``
-    (``flash_v2_hopper._HOPPER_KEEP``), e.g. "128x64w4s3 pinned"."""
+    (``flash_v2_hopper.hopper_config``, long sequences), e.g. "128x64w4s3 pinned"."""
     from course_lib.kernels import flash_v2_hopper as hop
 
-    bm, bn, warps, stages, q_regs, rowsum, pinned = hop._HOPPER_KEEP[hop._head_dim_class(D)][0]
+    c = hop.hopper_config(D, False, 1 << 30)
+    bm, bn, warps, stages = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages
+    q_regs, rowsum, pinned = (c.kwargs[f] for f in ("Q_IN_REGS", "ROWSUM_MMA", "PINNED_MAX"))
     return (f"{bm}x{bn}w{warps}s{stages}" + (" l-MMA" if rowsum else "")
             + ("" if q_regs else " Qsmem") + (" pinned" if pinned else ""))
 

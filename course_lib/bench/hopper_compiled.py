@@ -9,7 +9,7 @@ computes them afresh with the same functions:
   the portable and the Hopper kernel compiled with the same config, with each one's shared
   memory, registers and spills;
 * ``q_form_rows``: one config compiled with Q in shared memory and with Q in registers;
-* ``config_rows``: every candidate of ``flash_v2_hopper.HOPPER_CONFIGS`` at D 64, 128 and 256
+* ``config_rows``: every candidate of ``bench.kernel_configs.HOPPER_CONFIGS`` at D 64, 128, 256
   (N 4096, non-causal, fp16, B·N = 32k, H·D = 2048): the compiler's shared memory next to the
   estimate of ``analysis.hopper.smem_bytes``, registers, spills, the error against the fp32
   reference (2x rule), and single timings in interleaved rounds (each round times every config
@@ -77,10 +77,9 @@ def _inputs(D: int, N: int = 4096, tokens: int = 32768, hidden: int = 2048):
 def sass_rows(label: str = SASS_CONFIG[0], D: int = SASS_CONFIG[1]) -> list[dict]:
     """Both kernels compiled with the Hopper config ``label`` (the portable kernel ignores the
     Hopper-only switches) at head dim ``D``: instruction counts, shared memory, registers."""
-    from course_lib.bench.kernel_configs import config_label, launch_config
-    from course_lib.kernels import flash_v2_hopper as hop
+    from course_lib.bench.kernel_configs import HOPPER_CONFIGS, config_label, launch_config
 
-    cfg = next(c for c in hop.HOPPER_CONFIGS if config_label(c) == label)
+    cfg = next(c for c in HOPPER_CONFIGS if config_label(c) == label)
     _, (q, k, v) = _inputs(D, tokens=4096, hidden=16 * D)  # (1, 16, 4096, D)
     rows = []
     for impl in ("portable", "hopper"):
@@ -116,8 +115,13 @@ def config_rows(head_dims=(64, 128, 256), rounds: int = 3, N: int = 4096,
     """
     import torch
 
-    from course_lib.bench.kernel_configs import config_label, launch_config, smem_bytes
-    from course_lib.kernels import flash_v2_hopper as hop
+    from course_lib.bench.kernel_configs import (
+        HOPPER_CONFIGS,
+        config_label,
+        kept,
+        launch_config,
+        smem_bytes,
+    )
     from course_lib.reference import attention, attention_flops
     from course_lib.testing import attention_same_precision
 
@@ -129,14 +133,13 @@ def config_rows(head_dims=(64, 128, 256), rounds: int = 3, N: int = 4096,
         one = (q[:1, :1], k[:1, :1], v[:1, :1])
         ref = attention(*one)
         torch_err = (attention_same_precision(*one).float() - ref).abs().max().item()
-        kept = {id(c) for c in hop.keep_hopper_config(hop.HOPPER_CONFIGS, {"HEAD_DIM": D})}
         ran = []
-        for cfg in hop.HOPPER_CONFIGS:
+        for cfg in HOPPER_CONFIGS:
             kw = cfg.kwargs
             est = smem_bytes(kw["BLOCK_M"], kw["BLOCK_N"], D, cfg.num_stages,
                              q_in_regs=kw["Q_IN_REGS"])
             row = {"D": D, "N": N, "B": B, "H": H, "config": config_label(cfg),
-                   "kept": id(cfg) in kept, "estimate_kib": est["total"] / 1024,
+                   "kept": kept(cfg, D), "estimate_kib": est["total"] / 1024,
                    "torch_err": torch_err, "error": None}
             try:
                 o, _, compiled = launch_config("hopper", q, k, v, False, cfg)

@@ -16,6 +16,24 @@ from course_lib.kernels import flash_v2 as v2
 from course_lib.kernels import flash_v2_hopper as hop
 from course_lib.kernels.attention_common import interpreter_errstate
 
+# The Hopper kernel's candidate configs, as ``flash_v2_hopper._cfg(BLOCK_M, BLOCK_N, warps,
+# stages, Q_IN_REGS, ROWSUM_MMA, PINNED_MAX)``: what the benchmarks time one by one, and from
+# which the kernel's table (``flash_v2_hopper.hopper_config``) took one per head dim.
+HOPPER_CONFIGS = [
+    hop._cfg(128, 128, 8, 3), hop._cfg(128, 128, 8, 3, False), hop._cfg(128, 128, 8, 2),
+    hop._cfg(128, 128, 8, 2, False), hop._cfg(128, 64, 4, 3), hop._cfg(128, 64, 4, 3, False),
+    hop._cfg(128, 64, 4, 4), hop._cfg(64, 64, 4, 3), hop._cfg(64, 64, 4, 3, True, True),
+    hop._cfg(64, 64, 4, 2, False), hop._cfg(128, 64, 4, 3, True, False, True),
+    hop._cfg(64, 64, 4, 3, True, True, True), hop._cfg(128, 128, 8, 3, True, False, True),
+    hop._cfg(64, 64, 4, 2, False, False, True), hop._cfg(64, 64, 4, 3, True, False, True),
+]
+
+
+def kept(cfg, head_dim: int, causal: bool = False, n_bucket: int = 1 << 30) -> bool:
+    """Whether ``cfg`` is the config the Hopper kernel runs for this head dim, causal flag and
+    length bucket (``flash_v2_hopper.hopper_config``)."""
+    return config_label(cfg) == config_label(hop.hopper_config(head_dim, causal, n_bucket))
+
 
 def smem_bytes(BLOCK_M: int, BLOCK_N: int, D: int, stages: int, elem_bytes: int = 2,
                q_in_regs: bool = False) -> dict:

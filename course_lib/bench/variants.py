@@ -168,9 +168,27 @@ def run(rounds: int = 7, backward: bool = False) -> dict:
             "method": __doc__.strip().split("\n\n")[2].replace("\n", " "), "rows": rows}
 
 
+def tile_candidates() -> list:
+    """The TMA variants kernel's candidate configs (lesson 09's ``_cfg``: BLOCK_M, BLOCK_N,
+    warps, stages, Q_IN_REGS, ROWSUM_MMA, PINNED_MAX), from which its table
+    (``flash_variants_hopper.VARIANTS_HOPPER_TABLE``) took one per head dim."""
+    from course_lib.kernels.flash_v2_hopper import _cfg
+
+    return [_cfg(64, 64, 4, 3, True, True, True), _cfg(64, 64, 4, 3, True, False, True),
+            _cfg(128, 64, 8, 3, True, False, True), _cfg(128, 64, 4, 3, True, False, True),
+            _cfg(64, 64, 4, 3, True, True, False), _cfg(128, 128, 8, 2, True, False, True),
+            _cfg(64, 64, 4, 2, True, False, True)]
+
+
+def _shape(c) -> tuple:
+    """(BLOCK_M, BLOCK_N, warps, stages, ROWSUM_MMA, PINNED_MAX): a candidate's name in
+    variants_hopper_tiles.json."""
+    return (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages,
+            c.kwargs["ROWSUM_MMA"], c.kwargs["PINNED_MAX"])
+
+
 def run_tiles(rounds: int = 3) -> dict:
     """Every candidate tile config of the TMA variants' forward, fixed, in turns (see above)."""
-    from course_lib.kernels import flash_variants_hopper as fvh
     from course_lib.ops import flash_attn_v2
 
     require_gpu("the variants' tile benchmark")
@@ -179,8 +197,8 @@ def run_tiles(rounds: int = 3) -> dict:
                for _ in range(3))
     fns = {}  # (config, case, window): fn
     for case, (w, kw) in _cases().items():
-        for c in fvh.VARIANTS_HOPPER_CONFIGS:
-            fns[(str(list(fvh._shape(c))), case, w)] = _ours(q, k, v, False, w, "hopper", c, **kw)
+        for c in tile_candidates():
+            fns[(str(list(_shape(c))), case, w)] = _ours(q, k, v, False, w, "hopper", c, **kw)
         fns[("portable", case, w)] = _ours(q, k, v, False, w, **kw)
     for impl in ("portable", "hopper"):
         fns[(f"dense {impl}", "causal", CAUSAL)] = (

@@ -3,7 +3,7 @@
 Introduced in notebooks/09_hopper.ipynb. It computes what the portable kernel (``flash_v2.py``)
 computes, on the same grid; ``course_lib.ops.flash_attn_v2`` picks it on sm_90 for head dims of
 64 and more when the inputs suit TMA. The launcher ``forward_hopper`` runs one config per head
-dim, the one that measured best (``_HOPPER_KEEP``). Head dims are powers of two here (a TMA tile
+dim, the one that measured best (``hopper_config``). Head dims are powers of two here (a TMA tile
 spans the whole head dim); the portable kernel pads the others. The memory plan:
 
 1. TMA descriptors. Q, K, V and O are described once on the host as (B, H, N, D) tensors
@@ -202,59 +202,36 @@ def _cfg(bm, bn, warps, stages, q_in_regs=True, rowsum_mma=False, pinned_max=Fal
                          num_warps=warps, num_stages=stages, pre_hook=_set_block_shapes)
 
 
-HOPPER_CONFIGS = [
-    _cfg(128, 128, 8, 3), _cfg(128, 128, 8, 3, False), _cfg(128, 128, 8, 2),
-    _cfg(128, 128, 8, 2, False), _cfg(128, 64, 4, 3), _cfg(128, 64, 4, 3, False),
-    _cfg(128, 64, 4, 4), _cfg(64, 64, 4, 3), _cfg(64, 64, 4, 3, True, True),
-    _cfg(64, 64, 4, 2, False), _cfg(128, 64, 4, 3, True, False, True),
-    _cfg(64, 64, 4, 3, True, True, True), _cfg(128, 128, 8, 3, True, False, True),
-    _cfg(64, 64, 4, 2, False, False, True), _cfg(64, 64, 4, 3, True, False, True),
-]
-# Which config each head dim runs, as (BLOCK_M, BLOCK_N, warps, stages, Q_IN_REGS, ROWSUM_MMA,
-# PINNED_MAX), causal or not: the best, or within the runs' spread of the best, at every shape
-# measured (course_lib/data/hopper_tiles.json, hopper_rowsum.json, hopper_pinned.json; the other
-# candidates serve the tile benchmark). D 64: 128 x 64 tiles, two programs per SM. D 128: 64 x 64,
-# two programs per SM overlapping one's softmax with the other's MMAs, row sums on the tensor
-# cores. D 256: 64 x 64 with 2 stages, what fits the 227 KB a block may use (a 32 KB Q tile and
-# 2 stages of 32 KB K and V tiles).
-_HOPPER_KEEP = {64: [(128, 64, 4, 3, True, False, True)], 128: [(64, 64, 4, 3, True, True, True)],
-                256: [(64, 64, 4, 2, False, False, True)]}
+# The config each head dim runs (``hopper_config``), causal or not: the best, or within the
+# runs' spread of the best, at every shape measured among the candidates the benchmarks time
+# (``course_lib.bench.kernel_configs.HOPPER_CONFIGS``; course_lib/data/hopper_tiles.json,
+# hopper_rowsum.json, hopper_pinned.json). D 64: 128 x 64 tiles, two programs per SM. D 128:
+# 64 x 64, two programs per SM overlapping one's softmax with the other's MMAs, row sums on the
+# tensor cores. D 256: 64 x 64 with 2 stages, what fits the 227 KB a block may use (a 32 KB Q
+# tile and 2 stages of 32 KB K and V tiles).
+HOPPER_TABLE = {64: _cfg(128, 64, 4, 3, True, False, True),
+                128: _cfg(64, 64, 4, 3, True, True, True),
+                256: _cfg(64, 64, 4, 2, False, False, True)}
 # Causal at D 64 and at most SHORT_CAUSAL_N keys: 64-row tiles. Twice the programs, and half the
 # masked diagonal: 2-14% faster at every causal shape up to 2k keys, mixed at 4k, 2-7% slower
 # from 8k on (B 1-32, H 32, H_kv 8, fp16 and bf16; course_lib/data/hopper_short_causal.json).
 SHORT_CAUSAL_N = 2048
-_HOPPER_KEEP_SHORT_CAUSAL = {64: [(64, 64, 4, 3, True, False, True)]}
+SHORT_CAUSAL_64 = _cfg(64, 64, 4, 3, True, False, True)
 
 
 def _head_dim_class(d: int) -> int:
-    """The ``_HOPPER_KEEP`` row a head dim uses: 64, 128 or 256."""
+    """The ``HOPPER_TABLE`` row a head dim uses: 64, 128 or 256."""
     return 64 if d <= 64 else 128 if d <= 128 else 256
 
 
-def keep_hopper_config(configs, named_args, **kwargs):
-    """Config filter: the configs ``_HOPPER_KEEP`` lists for this head dim among ``configs``, in
-    its order (the last config if none is there); causal at D 64 with at most ``SHORT_CAUSAL_N``
-    keys (``N_BUCKET``), those of ``_HOPPER_KEEP_SHORT_CAUSAL``."""
-    d = _head_dim_class(named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"])
-    wanted = _HOPPER_KEEP[d]
-    short = named_args.get("N_BUCKET", SHORT_CAUSAL_N + 1) <= SHORT_CAUSAL_N
-    if kwargs.get("CAUSAL", named_args.get("CAUSAL", False)) and short:
-        wanted = _HOPPER_KEEP_SHORT_CAUSAL.get(d, wanted)
-
-    def shape(c):
-        return (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages,
-                c.kwargs["Q_IN_REGS"], c.kwargs.get("ROWSUM_MMA", False),
-                c.kwargs.get("PINNED_MAX", False))
-
-    kept = [c for w in wanted for c in configs if shape(c) == w]  # in ``wanted``'s order
-    return kept or configs[-1:]
-
-
 def hopper_config(head_dim: int, causal: bool, n_bucket: int) -> triton.Config:
-    """The config the kernel runs: ``keep_hopper_config``'s one for this head dim, causal flag
-    and length bucket (no autotuner: the table names one config for each)."""
-    return keep_hopper_config(HOPPER_CONFIGS, {"HEAD_DIM": head_dim, "N_BUCKET": n_bucket},
-                              CAUSAL=causal)[0]
+    """The config the kernel runs for this head dim, causal flag and length bucket (the next
+    power of two of the longer side): ``HOPPER_TABLE``'s, or ``SHORT_CAUSAL_64`` for causal
+    D 64 up to ``SHORT_CAUSAL_N`` keys. A table, no autotuner."""
+    d = _head_dim_class(head_dim)
+    if d == 64 and causal and n_bucket <= SHORT_CAUSAL_N:
+        return SHORT_CAUSAL_64
+    return HOPPER_TABLE[d]
 
 
 def lse_rounding(dtype: torch.dtype, head_dim: int) -> float:
@@ -263,7 +240,7 @@ def lse_rounding(dtype: torch.dtype, head_dim: int) -> float:
     by at most the unit roundoff u, so l is off by a factor 1 ± u at most and lse = m + ln l by u
     (fp16: 4.9e-4, bf16: 3.9e-3); O is normalised by the very weights that multiplied V. 0 where
     no config of this head dim sums that way, or for fp32 inputs."""
-    if dtype == torch.float32 or not any(c[5] for c in _HOPPER_KEEP[_head_dim_class(head_dim)]):
+    if dtype == torch.float32 or not HOPPER_TABLE[_head_dim_class(head_dim)].kwargs["ROWSUM_MMA"]:
         return 0.0
     return torch.finfo(dtype).eps / 2
 

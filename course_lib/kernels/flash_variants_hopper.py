@@ -174,43 +174,26 @@ def _flash_fwd_variants_hopper_kernel(
         tl.store(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
 
 
-# The candidates (lesson 09's ``_cfg``). ``_KEEP`` names the one each head dim runs, as (BLOCK_M,
-# BLOCK_N, warps, stages, ROWSUM_MMA, PINNED_MAX), chosen by timing every candidate in turns
-# (``python -m course_lib.bench variants --tiles``, course_lib/data/variants_hopper_tiles.json).
-VARIANTS_HOPPER_CONFIGS = [
-    _cfg(64, 64, 4, 3, True, True, True), _cfg(64, 64, 4, 3, True, False, True),
-    _cfg(128, 64, 8, 3, True, False, True), _cfg(128, 64, 4, 3, True, False, True),
-    _cfg(64, 64, 4, 3, True, True, False), _cfg(128, 128, 8, 2, True, False, True),
-    _cfg(64, 64, 4, 2, True, False, True),
-]
-# D 128 (B 2, H 16, N 16k, bf16, H100): 64 x 64 tiles, pinned max, row sums on the CUDA cores:
-# causal 504 TFLOP/s, window 1024 382, softcap 506, ALiBi 436, sinks 511 (the other candidates'
-# numbers: course_lib/data/perf_notes.md). D 64 and 256 use lesson 09's dense tiles, with the
-# row sums on the CUDA cores: not measured with the variants, so ``impl=None`` sends them to the
-# portable kernel (``MEASURED_HEAD_DIMS``).
-_KEEP = {64: [(128, 64, 4, 3, False, True)], 128: [(64, 64, 4, 3, False, True)],
-         256: [(64, 64, 4, 2, False, True)]}
+# The config each head dim runs, chosen by timing the candidates in turns
+# (``course_lib.bench.variants.tile_candidates``, ``python -m course_lib.bench variants
+# --tiles``, course_lib/data/variants_hopper_tiles.json). D 128 (B 2, H 16, N 16k, bf16, H100):
+# 64 x 64 tiles, pinned max, row sums on the CUDA cores: causal 504 TFLOP/s, window 1024 382,
+# softcap 506, ALiBi 436, sinks 511 (the other candidates' numbers: course_lib/data/
+# perf_notes.md). D 64 and 256 use lesson 09's dense tiles, with the row sums on the CUDA cores:
+# not measured with the variants, so ``impl=None`` sends them to the portable kernel
+# (``MEASURED_HEAD_DIMS``).
+VARIANTS_HOPPER_TABLE = {64: _cfg(128, 64, 4, 3, True, False, True),
+                         128: _cfg(64, 64, 4, 3, True, False, True),
+                         256: _cfg(64, 64, 4, 2, True, False, True)}
 MEASURED_HEAD_DIMS = (128,)
-
-
-def _shape(c):
-    return (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages,
-            c.kwargs["ROWSUM_MMA"], c.kwargs["PINNED_MAX"])
-
-
-def keep_variants_hopper_config(configs, named_args, **kwargs):
-    """Config filter: the config ``_KEEP`` names for this head dim among ``configs`` (the last if
-    none); no autotuner, the table names one config per head dim."""
-    d = _head_dim_class(named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"])
-    kept = [c for c in configs if _shape(c) in _KEEP[d]]
-    return kept or configs[-1:]
 
 
 def forward_variants_hopper(q, k, v, sm_scale: float, variant: Variant, out=None,
                             store_lse=True, config: triton.Config | None = None):
     """``flash_variants.forward_variants`` with the TMA kernel, for power-of-two head dims from
-    16 on (a TMA tile spans the whole head dim). ``config``: one of ``VARIANTS_HOPPER_CONFIGS``
-    instead of ``_KEEP``'s (the tile benchmark, ``python -m course_lib.bench variants --tiles``)."""
+    16 on (a TMA tile spans the whole head dim). ``config``: a config instead of
+    ``VARIANTS_HOPPER_TABLE``'s (the tile benchmark, ``python -m course_lib.bench variants
+    --tiles``)."""
     B, H, N_Q, D = q.shape
     if D & (D - 1) or D < 16:
         raise ValueError(f"the Hopper kernel takes power-of-two head dims of 16 or more, got "
@@ -224,10 +207,10 @@ def forward_variants_hopper(q, k, v, sm_scale: float, variant: Variant, out=None
     args = (*descs, lse_arg, *tensors, *scalars, 1.0, *window, H, H // H_KV, N_Q, N_K,
             next_pow2(max(N_Q, N_K)))
     meta.update(HEAD_DIM=D, DOT_PRECISION=dot_precision(q.dtype), STORE_LSE=lse is not None)
-    config = config or keep_variants_hopper_config(VARIANTS_HOPPER_CONFIGS, {"HEAD_DIM": D})[0]
+    config = config or VARIANTS_HOPPER_TABLE[_head_dim_class(D)]
     launch(_flash_fwd_variants_hopper_kernel, lambda bm: (cdiv(N_Q, bm), B * H), args, meta,
            config, prepare=prepare)
     return o, lse
 
 
-__all__ = ["MEASURED_HEAD_DIMS", "VARIANTS_HOPPER_CONFIGS", "forward_variants_hopper"]
+__all__ = ["MEASURED_HEAD_DIMS", "VARIANTS_HOPPER_TABLE", "forward_variants_hopper"]

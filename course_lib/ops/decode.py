@@ -169,12 +169,10 @@ def _int32(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype is torch.int32 and t.stride()[-1] == 1 else t.to(torch.int32).contiguous()
 
 
-def _variant(q, window_size, softcap, alibi_slopes, sinks) -> Variant | None:
+def _variant(q, window_size, softcap, alibi_slopes, sinks) -> Variant:
     """The variants of a decode call, checked (``validate.check_variants``; causal: the window's
-    right is 0), the tensors contiguous; None for plain attention."""
+    right is 0), the tensors contiguous. Plain attention is ``Variant((-1, 0))``."""
     variant = check_variants(q, True, window_size, softcap, alibi_slopes, sinks)
-    if variant.window[0] < 0 and variant.dense:
-        return None
     return variant._replace(**{name: t.contiguous() for name, t in
                                (("alibi_slopes", alibi_slopes), ("sinks", sinks))
                                if t is not None})
@@ -225,10 +223,9 @@ class DecodePlan:
     in a CUDA graph and replayed.
     """
 
-    def __init__(self, split: kd.SplitPlan, q, sm_scale: float, variant: Variant | None):
+    def __init__(self, split: kd.SplitPlan, q, sm_scale: float, variant: Variant):
         self.plan, self.sm_scale, self.num_splits = split, sm_scale, split.num_splits
         self.paged, self.dtype, self.device = split.paged, q.dtype, q.device
-        variant = variant or Variant((-1, 0))
         self._alibi, self._sinks = variant.alibi_slopes, variant.sinks
         self._device_index = q.get_device()
         self.out = self.lse = self._shapes = self._outs = None  # (``_outs``: their addresses)
@@ -361,7 +358,8 @@ def plan_decode(q, k_cache, v_cache, *, block_table=None, num_splits=None, sm_sc
     variant = _variant(q, window_size, softcap, alibi_slopes, sinks)
     split = kd.make_plan(B, H, H_kv, N_q, D, n_max, q.device, num_splits=num_splits, config=cfg,
                          paged=block_table is not None, page_size=page_size,
-                         num_blocks=num_blocks, merge=merge, **_split_variant(variant))
+                         num_blocks=num_blocks, merge=merge, window=variant.window,
+                         softcap=variant.softcap)
     plan = DecodePlan(split, q, sm_scale, variant)
     plan.out = empty_output(q)
     plan.lse = torch.empty((B, H, N_q), device=q.device, dtype=torch.float32)
@@ -369,11 +367,6 @@ def plan_decode(q, k_cache, v_cache, *, block_table=None, num_splits=None, sm_sc
     plan._shapes = (tuple(q.shape), tuple(k_cache.shape),
                     None if block_table is None else tuple(block_table.shape))
     return plan
-
-
-def _split_variant(variant: Variant | None) -> dict:
-    """``kd.make_plan``'s keywords for the variant: the window (left, 0) and the softcap."""
-    return {} if variant is None else dict(window=variant.window, softcap=variant.softcap)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,7 +432,7 @@ def _plan(key, q, k, paged, n_max, page_size, num_blocks, num_splits, sm_scale,
     split = kd.make_plan(B, H, H_kv, N_q, D, n_max if paged else _length_bucket(n_max),
                          q.device, num_splits=num_splits, paged=paged,
                          page_size=page_size, num_blocks=num_blocks, merge=merge,
-                         **_split_variant(variant))
+                         window=variant.window, softcap=variant.softcap)
     plan = DecodePlan(split, q, sm_scale, variant)
     # torch.empty_like keeps the strides of a dense q: O laid out as q is (the key holds q's
     # strides), and it parses no shape, dtype or device
@@ -582,19 +575,16 @@ def _decode(q, k, v, lens, table, num_splits, sm_scale, return_lse, validate, va
 # the operators: typed functions (``course_lib.ops.library``); every call returns new tensors
 # ---------------------------------------------------------------------------------------------
 
-def _op_variant(variant: Variant | None) -> tuple:
+def _op_variant(variant: Variant) -> tuple:
     """The operators' variant arguments: (window_left, softcap, alibi_slopes, sinks)."""
-    variant = variant or Variant((-1, 0))
     return variant.window[0], variant.softcap, variant.alibi_slopes, variant.sinks
 
 
 def _op_call(q, k, v, lens, table, n_max, page_size, num_blocks, num_splits, sm_scale,
              window_left, softcap, alibi_slopes, sinks):
     """(o, lse) of an operator's checked arguments; num_splits 0: chosen."""
-    variant = (None if window_left < 0 and softcap == 0.0 and alibi_slopes is None
-               and sinks is None else Variant((window_left, 0), softcap, alibi_slopes, sinks))
-    key = _plan_key(q, k, v, lens, table, sm_scale, num_splits,
-                    ((window_left, 0), softcap, alibi_slopes, sinks), operator=True)
+    variant = Variant((window_left, 0), softcap, alibi_slopes, sinks)
+    key = _plan_key(q, k, v, lens, table, sm_scale, num_splits, variant, operator=True)
     plan = _PLANS.get(key) or _plan(key, q, k, table is not None, n_max, page_size, num_blocks,
                                     num_splits or None, sm_scale, variant, operator=True)
     return _run(plan, q, k, v, lens, table, n_max, alibi_slopes, sinks, True, key[0])

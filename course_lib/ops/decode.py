@@ -200,13 +200,14 @@ class _Bound:
     """The launches of a plan's last step, bound (``DecodePlan._launch``), with what they were
     bound for: the cache tensors and the variants' tensors (inputs of the call: a tensor it
     allocates, under torch.compile's CUDA graphs one of the graph's pool, is never kept), the
-    cache's length, the arguments that follow the addresses (``geometry``), the signature the
-    compiled kernel depends on (q's strides, no lengths, the block table's row stride, the
-    integers' classes), the split kernel's launch ``split(*addresses, *geometry)``, the merge
+    cache's length, the arguments that follow the addresses (``geometry``), what the compiled
+    kernel depends on (the integers' classes, q's strides, the block table's row stride, whether
+    there are lengths), the split kernel's launch ``split(*addresses, *geometry)``, the merge
     kernel's (``merges``: none or one) and the (out, lse) addresses it writes to. (A class with
     slots: its fields are read at every step, faster than a NamedTuple's.)"""
 
-    __slots__ = ("k", "v", "alibi", "sinks", "n_max", "geometry", "sig", "split", "merges", "outs")
+    __slots__ = ("k", "v", "alibi", "sinks", "n_max", "geometry", "classes", "q_stride",
+                 "table_stride", "no_lens", "split", "merges", "outs")
 
     def __init__(self, *fields):
         for name, value in zip(self.__slots__, fields, strict=True):
@@ -244,15 +245,17 @@ class DecodePlan:
                   (out.data_ptr(), lse.data_ptr()))  # (a plan's own buffers: known addresses)
         lp = p if lens is None else lens.data_ptr()
         tp = p if table is None else table.data_ptr()
+        table_stride = None if table is None else table.stride(0)
         if (b is not None and b.k is k and b.v is v and b.alibi is alibi and b.sinks is sinks
                 and b.n_max == n_max):
-            geometry, classes = b.geometry, b.sig[3]  # the same cache: what was computed then
+            geometry, classes = b.geometry, b.classes  # the same cache: what was computed then
         else:
             geometry = (*kd.cache_geometry(self.paged, k, v), n_max,
                         *(t.data_ptr() for t in kd.variant_tensors(alibi, sinks)))
             classes = int_classes(geometry)
-        sig = (q.stride(), lens is None, None if table is None else table.stride(0), classes)
-        if (b is not None and b.sig == sig and (not b.merges or b.outs == (op, sp))
+        if (b is not None and classes == b.classes and q.stride() == b.q_stride
+                and table_stride == b.table_stride and (lens is None) is b.no_lens
+                and (not b.merges or b.outs == (op, sp))
                 and not (p | kp | vp | lp | tp | op | sp) & 15
                 and not hooks_installed() and not _capturing(stream)):
             b.split(p, kp, vp, lp, tp, op, sp, *geometry)
@@ -263,8 +266,9 @@ class DecodePlan:
         launches = kd.run_plan(self.plan, q, k, v, lens, table, self.sm_scale, out, lse,
                                bind=bind, n_max=n_max, alibi_slopes=alibi, sinks=sinks)
         self._bound = (None if not bind or launches is None else
-                       _Bound(k, v, alibi, sinks, n_max, geometry, sig, launches[0],
-                              tuple(launches[1:]), (op, sp)))
+                       _Bound(k, v, alibi, sinks, n_max, geometry, classes, q.stride(),
+                              table_stride, lens is None, launches[0], tuple(launches[1:]),
+                              (op, sp)))
 
     def run(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, return_lse=False,
             *, validate=None):
@@ -282,8 +286,10 @@ class DecodePlan:
         refused in a CUDA-graph capture), False never: the kernel then clamps what is out of
         range, as the functions' docstrings say."""
         q_shape, kv_shape, _ = self._shapes
-        if (q.shape != q_shape or k_cache.shape != kv_shape or v_cache.shape != kv_shape
-                or q.dtype != self.dtype):
+        b = self._bound  # (the caches of the last step, if these are they, had their shapes)
+        if (q.shape != q_shape or q.dtype != self.dtype
+                or not (b is not None and b.k is k_cache and b.v is v_cache)
+                and (k_cache.shape != kv_shape or v_cache.shape != kv_shape)):
             raise ValueError(f"this plan is for q {q_shape} and caches {kv_shape} "
                              f"of {self.dtype}, got q {tuple(q.shape)} {q.dtype} and "
                              f"k_cache {tuple(k_cache.shape)}: make a new plan")

@@ -250,6 +250,14 @@ def empty_output(q, empty=None):
     return empty((B, H, N_Q, D), device=q.device, dtype=q.dtype)
 
 
+def empty_like_is_output(q) -> bool:
+    """Whether ``torch.empty_like(q)`` lays O out as ``empty_output(q)`` does (the same stride
+    wherever a dim has more than one element): where it does, the fast paths allocate O with
+    it, which parses no shape, dtype or device."""
+    o, like = empty_output(q), torch.empty_like(q)
+    return all(n == 1 or a == b for n, a, b in zip(o.shape, o.stride(), like.stride()))
+
+
 def call_key(q, k, v, sm_scale) -> tuple:
     """What an attention call's checks (``course_lib.validate``) and launch read: a call with a
     checked call's key passes the same checks. Shapes, strides, dtypes, devices, and the scale

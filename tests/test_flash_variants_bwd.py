@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from course_lib import masks
-from course_lib.kernels import flash_variants_bwd
+from course_lib.kernels import flash_bwd, flash_variants_bwd
 from course_lib.kernels.flash_variants import forward_variants_varlen
 from course_lib.kernels.flash_variants_bwd import _band_rows, backward_variants_varlen
 from course_lib.ops import flash_attn_v2, flash_attn_varlen
@@ -282,11 +282,11 @@ def _packed(lens_q, lens_k, H=2, H_kv=1, D=32):
 
 
 class _Spy:
-    """A kernel's stand-in: records the data pointers of the tensors each launch gets, then
-    launches the kernel."""
+    """A kernel's stand-in: records the data pointers of the tensors each launch gets by
+    position, then launches the kernel."""
 
     def __init__(self, kernel):
-        self.kernel, self.pointers = kernel, []
+        self.kernel, self.pointers, self.arg_names = kernel, [], kernel.arg_names
 
     def __getitem__(self, grid):
         def launch(*args, **meta):
@@ -319,10 +319,11 @@ def test_the_varlen_backward_reads_and_writes_the_packed_layout(views, monkeypat
     args = (cu_q, cu_k, max(lens_q), max(lens_k))
     variant = Variant(window, softcap, slopes, sinks)
     o, lse = forward_variants_varlen(q, k, v, *args, sm_scale, variant)
-    spies = {name: _Spy(getattr(flash_variants_bwd, name)) for name in (
-        "_bwd_preprocess_kernel", "_bwd_dkdv_variants_kernel", "_bwd_dq_variants_kernel")}
-    for name, spy in spies.items():
-        monkeypatch.setattr(flash_variants_bwd, name, spy)
+    spies = {(module, name): _Spy(getattr(module, name)) for module, name in (
+        (flash_bwd, "_bwd_preprocess_kernel"), (flash_variants_bwd, "_bwd_dkdv_variants_kernel"),
+        (flash_variants_bwd, "_bwd_dq_variants_kernel"))}
+    for (module, name), spy in spies.items():
+        monkeypatch.setattr(module, name, spy)
     got = backward_variants_varlen(do, q, k, v, o, lse, *args, sm_scale, variant)
     for name, grad, t in zip(("dq", "dk", "dv"), got, (q, k, v)):
         assert grad.shape == t.shape and grad.is_contiguous(), (name, grad.shape, grad.stride())

@@ -105,7 +105,7 @@ def _sequence(CU_Q, CU_K, b, N_Q, N_K, VARLEN: tl.constexpr):
 
 
 def variant_args(variant, sm_scale: float, unused) -> tuple:
-    """A checked ``Variant`` as the variants' forward kernels take it: the tensors (ALIBI, SINKS),
+    """A checked ``Variant`` as the variants' kernels take it: the tensors (ALIBI, SINKS),
     ``unused`` (never read) for an absent one; the scalars (stride_alibi_b, sm_scale, softcap);
     the window (LEFT, RIGHT); the constexprs of the variant."""
     window, softcap, alibi, sinks = variant

@@ -374,37 +374,56 @@ def choose_splits(B: int, H_kv: int, group: int, N_k: int, block_n1: int) -> int
     return group
 
 
-# Host steps shared with the variants' backward (flash_variants_bwd.py)
-def _plan(config, splits, D, N_q, N_k, B, H_kv, group):
-    """The config, the autotuner's length bucket, whether to autotune, the splits (all checked)."""
+def _gradients(dkdv_kernels, dq_kernels, q, k, v, o, do, lse, strides_q, n_seq, N_q, N_k,
+               sm_scale, config, splits, args):
+    """(dq, dk, dv, delta) for ``dO = do``, shared with the variants' backward: the preprocess,
+    then the dK/dV and the dQ kernel (each plain and autotuned) over ``n_seq`` sequences of at
+    most N_q queries and N_k keys; lse is (B, H, rows), ``strides_q`` q's, o's and do's (batch,
+    head, row) strides in rows of D. ``args``: the kernels' other arguments by name, each kernel
+    taking those it has (None: a pointer never read)."""
+    (B, H, rows), D, H_kv = lse.shape, q.shape[-1], k.shape[1]
+    group = H // H_kv
     cfg = config or default_config(D)
     cfg.check(D)
     n_bucket = triton.next_power_of_2(max(N_q, N_k))
     tuned = config is None and not INTERPRET and n_bucket >= AUTOTUNE_MIN_N
-    splits = choose_splits(B, H_kv, group, N_k, cfg.block_n1) if splits is None else splits
+    splits = choose_splits(n_seq, H_kv, group, N_k, cfg.block_n1) if splits is None else splits
     if splits < 1 or group % splits:
         raise ValueError(f"splits={splits} must divide the GQA group size {group}")
-    return cfg, n_bucket, tuned, splits
-
-
-def _buffers(q, k, v, rows, splits):
-    """delta, lse₂ (``rows``), dq, dk, dv; delta, lse₂ and split dk, dv in fp32 (fp64 for fp64)."""
+    q, k, v, o = (t.contiguous() for t in (q, k, v, o))
+    do = do.to(q.dtype).contiguous()
+    # delta, lse₂ and the partial sums of split dk, dv in fp32 (fp64 for fp64)
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    delta = torch.empty(rows, dtype=acc_dtype, device=q.device)
+    delta = torch.empty((B, H, rows), dtype=acc_dtype, device=q.device)
+    lse2, dq = torch.empty_like(delta), torch.empty_like(q)
     if splits == 1:
         dk, dv = torch.empty_like(k), torch.empty_like(v)
     else:
         dk = torch.empty((splits, *k.shape), dtype=acc_dtype, device=q.device)
         dv = torch.empty_like(dk)
-    return delta, torch.empty_like(delta), torch.empty_like(q), dk, dv
+    args = {name: delta if a is None else a for name, a in args.items()}
+    args.update(sm_scale=sm_scale, H=H, H_KV=H_kv, N_Q=N_q, N_K=N_k,
+                HEADS_PER_SPLIT=group // splits, N_BUCKET=n_bucket, HEAD_DIM=D,
+                DOT_PRECISION=dot_precision(q.dtype))
 
+    def launch(kernels, blocks, grid, *outputs):
+        kernel = kernels[1] if tuned else kernels[0]
+        named = {name: a for name, a in args.items() if name in kernel.arg_names}
+        if not tuned:  # else the autotuner picks the blocks
+            named.update(blocks)
+        kernel[grid](q, k, v, do, lse2, delta, *outputs, **named)
 
-def _launch(kernel, tuned_kernel, tuned, blocks, grid, *args, **meta):
-    """``tuned_kernel`` (blocks autotuned) or ``kernel`` with ``blocks``; ``grid`` reads them."""
-    if tuned:
-        tuned_kernel[grid](*args, **meta)
-    else:
-        kernel[grid](*args, **meta, **blocks)
+    with interpreter_errstate():  # exp2 of scores past the mask may overflow before tl.where
+        _bwd_preprocess_kernel[(triton.cdiv(rows, cfg.block_pre), B * H)](
+            o, do, lse.contiguous(), delta, lse2, rows, H, *strides_q, HEAD_DIM=D,
+            BLOCK_M=cfg.block_pre)
+        launch(dkdv_kernels, cfg.dkdv_blocks(),
+               lambda m: (triton.cdiv(N_k, m["BLOCK_N"]), splits * n_seq * H_kv), dk, dv)
+        launch(dq_kernels, cfg.dq_blocks(), lambda m: (triton.cdiv(N_q, m["BLOCK_M"]), n_seq * H),
+               dq)
+    if splits > 1:  # the sum of the partials
+        dk, dv = dk.sum(0).to(k.dtype), dv.sum(0).to(v.dtype)
+    return dq, dk, dv, delta
 
 
 def flash_attn_v2_backward(do, q, k, v, o, lse, causal, sm_scale, config: BwdConfig | None = None,
@@ -424,26 +443,10 @@ def flash_attn_v2_backward(do, q, k, v, o, lse, causal, sm_scale, config: BwdCon
     if tuple(lse.shape) != (B, H, N_q):
         raise ValueError(f"lse {tuple(lse.shape)} must be (B, H, N_q) = {(B, H, N_q)}")
     refuse_bf16_in_interpreter(q, k, v, do, names=("q", "k", "v", "do"))
-    cfg, n_bucket, tuned, splits = _plan(config, splits, D, N_q, N_k, B, H_kv, H // H_kv)
-    q, k, v, o = (t.contiguous() for t in (q, k, v, o))
-    do = do.to(q.dtype).contiguous()
-    delta, lse2, dq, dk, dv = _buffers(q, k, v, (B, H, N_q), splits)
-    meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "DOT_PRECISION": dot_precision(q.dtype)}
-    qk_scale = sm_scale * LOG2E.value
-    with interpreter_errstate():  # exp2 of scores past the diagonal may overflow before tl.where
-        _bwd_preprocess_kernel[(triton.cdiv(N_q, cfg.block_pre), B * H)](
-            o, do, lse.contiguous(), delta, lse2, N_q, H, H * N_q, N_q, 1,  # strides in rows of D
-            HEAD_DIM=D, BLOCK_M=cfg.block_pre)
-        _launch(_bwd_dkdv_kernel, _dkdv_tuned, tuned, cfg.dkdv_blocks(),
-                lambda m: (triton.cdiv(N_k, m["BLOCK_N"]), splits * B * H_kv),
-                q, k, v, do, lse2, delta, dk, dv, qk_scale, sm_scale, H, H_kv, N_q, N_k,
-                H // H_kv // splits, n_bucket, **meta)
-        _launch(_bwd_dq_kernel, _dq_tuned, tuned, cfg.dq_blocks(),
-                lambda m: (triton.cdiv(N_q, m["BLOCK_M"]), B * H),
-                q, k, v, do, lse2, delta, dq, qk_scale, sm_scale, H, H_kv, N_q, N_k, n_bucket,
-                **meta)
-    if splits > 1:  # the sum of the partials
-        dk, dv = dk.sum(0).to(k.dtype), dv.sum(0).to(v.dtype)
+    dq, dk, dv, _ = _gradients(
+        (_bwd_dkdv_kernel, _dkdv_tuned), (_bwd_dq_kernel, _dq_tuned), q, k, v, o, do, lse,
+        (H * N_q, N_q, 1), B, N_q, N_k, sm_scale, config, splits,
+        {"qk_scale": sm_scale * LOG2E.value, "CAUSAL": bool(causal)})
     return dq, dk, dv
 
 

@@ -41,25 +41,10 @@ import triton
 import triton.language as tl
 
 from course_lib._device import refuse_bf16_in_interpreter
-from course_lib.kernels.attention_common import (
-    LOG2E,
-    _bwd_preprocess_kernel,
-    _load_tile,
-    _q_block_program,
-    _tile_mask,
-    dot_precision,
-    interpreter_errstate,
-)
+from course_lib.kernels import band
+from course_lib.kernels.attention_common import LOG2E, _load_tile, _q_block_program, _tile_mask
 from course_lib.kernels.band import GPU_TANH, _band_bounds, _key_limits, _sequence, _tanh
-from course_lib.kernels.flash_bwd import (
-    DKDV_CONFIGS,
-    DQ_CONFIGS,
-    BwdConfig,
-    _autotuned,
-    _buffers,
-    _launch,
-    _plan,
-)
+from course_lib.kernels.flash_bwd import DKDV_CONFIGS, DQ_CONFIGS, BwdConfig, _autotuned, _gradients
 from course_lib.validate import Variant
 
 
@@ -304,14 +289,12 @@ def _bwd_dq_variants_kernel(
 _KEY = ["N_BUCKET", "HEAD_DIM", "HAS_SOFTCAP", "HAS_ALIBI", "VARLEN", "DOT_PRECISION"]
 _dkdv_tuned = _autotuned(_bwd_dkdv_variants_kernel, DKDV_CONFIGS, _KEY)
 _dq_tuned = _autotuned(_bwd_dq_variants_kernel, DQ_CONFIGS, _KEY + ["LONGEST_FIRST"])
+_STRIDES = ("stride_qb", "stride_qh", "stride_qm", "stride_kb", "stride_kh", "stride_kn",
+            "stride_lb", "stride_lh")
 
 
 def _backward(do, q, k, v, o, lse, sm_scale, variant, cu, N_q, N_k, config, splits):
     """Both public functions' backward; ``cu`` (cu_seqlens_q, cu_seqlens_k) for packed tensors."""
-    D = q.shape[-1]
-    window, softcap, alibi_slopes, sinks = variant
-    q, k, v, o = (t.contiguous() for t in (q, k, v, o))
-    do = do.to(q.dtype).contiguous()
     # (batch, head, row) strides in rows of D of q, o, do, dq; of k, v, dk, dv; of lse2, delta
     if cu:  # packed: token t, head h is row t·H + h; sequence b starts at token cu_seqlens[b]
         (rows_q, H), (rows_k, H_kv), B = q.shape[:2], k.shape[:2], 1
@@ -319,33 +302,18 @@ def _backward(do, q, k, v, o, lse, sm_scale, variant, cu, N_q, N_k, config, spli
     else:
         (B, H, rows_q), (H_kv, rows_k) = q.shape[:3], k.shape[1:3]
         strides_q, strides_k = (H * rows_q, rows_q, 1), (H_kv * rows_k, rows_k, 1)
-    strides_l = (0 if cu else H * rows_q, rows_q)
-    refuse_bf16_in_interpreter(q, k, v, do, names=("q", "k", "v", "do"))
-    group = H // H_kv
-    n_seq = cu[0].shape[0] - 1 if cu else B
-    cfg, n_bucket, tuned, splits = _plan(config, splits, D, N_q, N_k, n_seq, H_kv, group)
+    strides = (*strides_q, *strides_k, 0 if cu else H * rows_q, rows_q)
+    refuse_bf16_in_interpreter(q, k, v, names=("q", "k", "v"))  # do is cast to q's dtype
+    (alibi, sinks), (alibi_b, sm_scale, softcap), (left, right), flags = band.variant_args(
+        variant, sm_scale, None)
+    cu_q, cu_k = cu or (None, None)
     lse = lse.contiguous().reshape(B, H, rows_q)
-    delta, lse2, dq, dk, dv = _buffers(q, k, v, (B, H, rows_q), splits)
-    alibi = alibi_slopes if alibi_slopes is not None else delta  # delta: an unused pointer
-    alibi_b = alibi_slopes.stride(0) if alibi_slopes is not None and alibi_slopes.ndim == 2 else 0
-    left, right = (int(w) for w in window)
-    layout = (alibi, *(cu or (delta, delta)), *strides_q, *strides_k, *strides_l, alibi_b)
-    common = (float(sm_scale), float(softcap) or 1.0, left, right, H, H_kv, N_q, N_k)
-    meta = {"HEAD_DIM": D, "HAS_SOFTCAP": softcap > 0, "HAS_ALIBI": alibi_slopes is not None,
-            "VARLEN": bool(cu), "DOT_PRECISION": dot_precision(q.dtype)}
-    with interpreter_errstate():  # exp2 of scores outside the band may overflow before tl.where
-        _bwd_preprocess_kernel[(triton.cdiv(rows_q, cfg.block_pre), B * H)](
-            o, do, lse, delta, lse2, rows_q, H, *strides_q, HEAD_DIM=D, BLOCK_M=cfg.block_pre)
-        _launch(_bwd_dkdv_variants_kernel, _dkdv_tuned, tuned, cfg.dkdv_blocks(),
-                lambda m: (triton.cdiv(N_k, m["BLOCK_N"]), splits * n_seq * H_kv),
-                q, k, v, do, lse2, delta, dk, dv, *layout, k.numel() // D, *common,
-                group // splits, n_bucket, **meta)
-        _launch(_bwd_dq_variants_kernel, _dq_tuned, tuned, cfg.dq_blocks(),
-                lambda m: (triton.cdiv(N_q, m["BLOCK_M"]), n_seq * H),
-                q, k, v, do, lse2, delta, dq, *layout, *common, n_bucket, **meta,
-                LONGEST_FIRST=(left, right) == (-1, 0))
-    if splits > 1:  # the sum of the partials
-        dk, dv = dk.sum(0).to(k.dtype), dv.sum(0).to(v.dtype)
+    dq, dk, dv, delta = _gradients(
+        (_bwd_dkdv_variants_kernel, _dkdv_tuned), (_bwd_dq_variants_kernel, _dq_tuned), q, k, v,
+        o, do, lse, strides_q, len(cu_q) - 1 if cu else B, N_q, N_k, sm_scale, config, splits,
+        dict(zip(_STRIDES, strides), ALIBI=alibi, CU_Q=cu_q, CU_K=cu_k, stride_alibi_b=alibi_b,
+             split_rows=k.numel() // q.shape[-1], softcap=softcap, LEFT=left, RIGHT=right,
+             VARLEN=bool(cu), **flags))
     dsinks = None
     if sinks is not None:  # d sink_h = −Σ_i e^{sink_h − lse_i} delta_i, over batch and rows
         p_sink = torch.exp(sinks.to(delta.dtype)[None, :, None] - lse.to(delta.dtype))

@@ -20,11 +20,6 @@ HEAD_DIMS = tuple(range(16, 257, 8))
 POW2_HEAD_DIMS = (16, 32, 64, 128, 256)
 
 
-def expected_device() -> str:
-    """Where the course's kernels want their tensors: the switch's device."""
-    return DEVICE
-
-
 def check_tensor(name: str, t, ndim: int) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -34,7 +29,7 @@ def check_tensor(name: str, t, ndim: int) -> None:
         raise TypeError(f"{name} has dtype {t.dtype}; use float16, bfloat16 or float32")
     if not (t.is_cuda if DEVICE == "cuda" else t.is_cpu):  # (t.device.type costs ~5x more)
         raise ValueError(f"{name} is on {t.device}, but the course's kernels run on "
-                         f"{expected_device()!r} (see course_lib.describe())")
+                         f"{DEVICE!r} (see course_lib.describe())")
 
 
 def check_attention_inputs(q, k, v, head_dims=HEAD_DIMS):
@@ -77,14 +72,16 @@ def check_sm_scale(sm_scale, D: int) -> float:
     return sm_scale
 
 
-def check_int_vector(name: str, t, length: int, device) -> None:
+def check_int_tensor(name: str, t, length: int, device, ndim: int = 1, shape: str = "") -> None:
+    """TypeError or ValueError unless ``t`` is an integer tensor on ``device`` of ``ndim``
+    dimensions, ``length`` rows (``shape`` states it in the message; default: one per sequence)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor of int32, got {type(t).__name__}")
     if t.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{name} must hold integers (int32), got {t.dtype}")
-    if t.ndim != 1 or t.shape[0] != length:
-        raise ValueError(f"{name} must have shape ({length},) (one length per sequence), "
-                         f"got {tuple(t.shape)}")
+    if t.ndim != ndim or t.shape[0] != length:
+        shape = shape or f"({length},) (one length per sequence)"
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
     if t.device != device:
         raise ValueError(f"{name} is on {t.device} but q is on {device}")
 
@@ -171,7 +168,7 @@ def check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
     if B < 1:
         raise ValueError("cu_seqlens_q must be an int32 tensor of B + 1 >= 2 offsets")
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        check_int_vector(name, cu, B + 1, q.device)
+        check_int_tensor(name, cu, B + 1, q.device)
         if cu.dtype != torch.int32:
             raise TypeError(f"{name} must be int32 (FlashAttention's varlen layout), "
                             f"got {cu.dtype}")

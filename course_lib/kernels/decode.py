@@ -85,7 +85,6 @@ INTERPRET_CONFIG = dict(BLOCK_N=16, num_warps=4, num_stages=1)
 # merge kernel in a CUDA-graph capture (its GPU time was the shorter: data/decode_sweep.json).
 MERGES = ("fused", "kernel")
 MERGE_CHUNK = 32  # splits merged per step of the merge loop
-DEFAULT_MERGE = "auto"
 INTERPRET_MAX_SPLITS = 4  # the interpreter runs programs one after another: keep it small
 
 
@@ -192,10 +191,7 @@ def _decode_split_kernel(
         k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
 
-        if IEEE_DOT:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
+        s = tl.dot(q, tl.trans(k), input_precision="ieee" if IEEE_DOT else None)
         s = _variant_scores(s, qi, offs_n, seqlen - N_Q, sm_scale, softcap, slope, HAS_SOFTCAP,
                             HAS_ALIBI)  # the cap and the ALiBi bias, if any (in q·k's units)
         s = s * qk_scale  # (BLOCK_M, BLOCK_N), base-2 logits
@@ -209,16 +205,12 @@ def _decode_split_kernel(
         alpha = tl.math.exp2(m_i - m_safe)
         p = tl.math.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        if IEEE_DOT:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v,
+                                            input_precision="ieee" if IEEE_DOT else None)
         m_i = m_new
 
-    if HAS_SINKS:  # e^{sink} joins the denominator, with no value: here if no merge follows
-        if NUM_SPLITS == 1:
-            acc, m_i, l_i = _join_sink(acc, m_i, l_i,
-                                       tl.load(SINKS + head, mask=row_ok, other=0.0))
+    if HAS_SINKS and NUM_SPLITS == 1:  # e^{sink} joins the denominator, with no value
+        acc, m_i, l_i = _join_sink(acc, m_i, l_i, tl.load(SINKS + head, mask=row_ok, other=0.0))
     # A split with no visible key (past a short sequence's end, or before a causal row's first
     # key) has l = 0: it stores lse = -inf and o = 0, and weighs nothing in the merge.
     has_keys = l_i > 0.0
@@ -323,17 +315,8 @@ def split_bounds(seqlen: int, num_splits: int, block_n: int) -> list[tuple[int, 
     >>> split_bounds(20, 4, 16)     # 2 tiles: splits 2 and 3 get nothing
     [(0, 16), (16, 20), (32, 20), (48, 20)]
     """
-    tiles_per_split = -(-(-(-seqlen // block_n)) // num_splits)
-    out = []
-    for s in range(num_splits):
-        start = s * tiles_per_split * block_n
-        out.append((start, min(start + tiles_per_split * block_n, seqlen)))
-    return out
-
-
-def _block_m(rows: int) -> int:
-    """Rows of the M dimension per program: >= 16 (tl.dot's minimum), at most 64."""
-    return max(16, min(64, next_pow2(rows)))
+    run = cdiv(cdiv(seqlen, block_n), num_splits) * block_n  # keys per split
+    return [(s * run, min((s + 1) * run, seqlen)) for s in range(num_splits)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,20 +354,19 @@ class SplitPlan:
 def make_plan(B: int, H: int, H_kv: int, N_q: int, D: int, n_max: int, device, *,
               num_splits: int | None = None, config: dict | None = None, paged: bool = False,
               page_size: int = 1, num_blocks: int = 1, sm_count: int | None = None,
-              merge: str = DEFAULT_MERGE, interleaved: bool | None = None,
+              merge: str = "auto", interleaved: bool | None = None,
               window: tuple = (-1, 0), softcap: float = 0.0) -> SplitPlan:
     """A ``SplitPlan`` for caches of at most ``n_max`` keys (inputs already validated), with the
     variants' ``window`` (left, 0) and ``softcap``: a window bounds the work a sequence's splits
     share to left + N_q keys, and the split count and config are chosen for that.
 
-    ``merge``: "fused" (the last split of each group of rows merges them: one launch),
-    "kernel" (a second kernel merges every row: two launches) or "auto" (``MERGES``).
+    ``merge``: "auto" or one of ``MERGES``, which says what each does and what "auto" picks.
     ``interleaved``: deal the tiles round-robin (None: from ``INTERLEAVE_MIN_SPLITS`` splits of a
     cache of ``INTERLEAVE_MIN_TILES`` tiles on)."""
     if merge not in ("auto", *MERGES):
         raise ValueError(f"merge must be one of {('auto', *MERGES)}, got {merge!r}")
     rows = (H // H_kv) * N_q
-    block_m = _block_m(rows)
+    block_m = max(16, min(64, next_pow2(rows)))  # rows per program: >= 16, tl.dot's minimum
     m_tiles = cdiv(rows, block_m)
     n_work = n_max if window[0] < 0 else min(n_max, window[0] + N_q)  # keys a sequence reads
     cfg = (dict(config) if config is not None
@@ -445,12 +427,10 @@ def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, ou
     ``n_max``: the cache's length where it is shorter than the plan's (a plan serves a range of
     lengths). ``alibi_slopes`` (H,) or (B, H), ``sinks`` (H,): contiguous fp32, or None."""
     sq, so = q.stride(), out.stride()
-    skb, skh, skn, svb, svh, svn = cache_geometry(plan.paged, k, v)
     stride_bt = block_table.stride(0) if plan.paged else 0
     cfg, B, H, N_q, D, S = plan.config, plan.B, plan.H, plan.N_q, plan.D, plan.num_splits
     has_seqlens = seqlens is not None
-    merge = plan.merge if plan.merge != "auto" else "kernel" if capturing() else "fused"
-    fused = merge == "fused"
+    fused = plan.merge == "fused" or plan.merge == "auto" and not capturing()  # (``MERGES``)
     block_s = next_pow2(S)
     chunk = min(MERGE_CHUNK, block_s)  # one chunking for both merges: the same sums
     tensors = variant_tensors(alibi_slopes, sinks)  # (ALIBI, SINKS) or ()
@@ -461,7 +441,7 @@ def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, ou
                                  (plan.o_part, plan.lse_part, plan.arrived))
     split = go(_decode_split_kernel, (S, B * plan.H_kv, plan.m_tiles),
                q, k, v, seqlens if has_seqlens else q, block_table if plan.paged else q,
-               out, lse, skb, skh, skn, svb, svh, svn, plan.n_max if n_max is None else n_max,
+               out, lse, *cache_geometry(plan.paged, k, v), plan.n_max if n_max is None else n_max,
                *(tensors or (q, q)), o_part, lse_part, arrived, sq[0], sq[1], sq[2], stride_bt,
                so[0], so[1], so[2], sm_scale * LOG2E.value, H, plan.num_blocks, sm_scale,
                plan.softcap or 1.0, plan.window[0],

@@ -40,7 +40,7 @@ from course_lib.validate import (
     Variant,
     check_attention_inputs,
     check_block_table,
-    check_int_vector,
+    check_int_tensor,
     check_sm_scale,
     check_tensor,
     check_variants,
@@ -91,15 +91,14 @@ def _check_cache(q, k_cache, v_cache, cache_seqlens):
     B, H, H_kv, N_q, N_max, D = check_attention_inputs(q, k_cache, v_cache)
     _check_contiguous(q, k_cache, v_cache, "k_cache")
     if cache_seqlens is not None:
-        check_int_vector("cache_seqlens", cache_seqlens, B, q.device)
+        check_int_tensor("cache_seqlens", cache_seqlens, B, q.device)
     return B, H, H_kv, N_q, N_max, D
 
 
 def _check_pages(q, k_pages, v_pages, block_table, cache_seqlens, seqlens_required=True):
     """(B, H, H_kv, N_q, D, num_blocks, block_size, max_blocks) of a paged cache. A plan is made
     before any lengths exist: it passes ``seqlens_required=False``."""
-    check_tensor("q", q, 4)
-    for name, t in (("k_pages", k_pages), ("v_pages", v_pages)):
+    for name, t in (("q", q), ("k_pages", k_pages), ("v_pages", v_pages)):
         check_tensor(name, t, 4)
     if k_pages.shape != v_pages.shape:
         raise ValueError(f"k_pages and v_pages must have one shape, got {tuple(k_pages.shape)} "
@@ -107,33 +106,22 @@ def _check_pages(q, k_pages, v_pages, block_table, cache_seqlens, seqlens_requir
     num_blocks, block_size, H_kv, D = k_pages.shape
     B = q.shape[0]
     # The shared checks, on a (B, H_kv, block_size, D) view of the pages' shape.
-    k_view = k_pages[:1].permute(0, 2, 1, 3).expand(B, H_kv, block_size, D)
-    v_view = v_pages[:1].permute(0, 2, 1, 3).expand(B, H_kv, block_size, D)
-    _, H, _, N_q, _, _ = check_attention_inputs(q, k_view, v_view)
+    views = (t[:1].permute(0, 2, 1, 3).expand(B, H_kv, block_size, D) for t in (k_pages, v_pages))
+    _, H, _, N_q, _, _ = check_attention_inputs(q, *views)
     _check_contiguous(q, k_pages, v_pages, "k_pages")
-    if not isinstance(block_table, torch.Tensor):
-        raise TypeError(f"block_table must be a torch.Tensor of int32, got "
-                        f"{type(block_table).__name__}")
-    if block_table.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"block_table must hold integers (int32), got {block_table.dtype}")
-    if block_table.ndim != 2 or block_table.shape[0] != B:
-        raise ValueError(f"block_table must have shape (B={B}, max_blocks), "
-                         f"got {tuple(block_table.shape)}")
-    if block_table.device != q.device:
-        raise ValueError(f"block_table is on {block_table.device} but q is on {q.device}")
-    if cache_seqlens is None:
-        if seqlens_required:
-            raise ValueError("cache_seqlens is required for paged_decode (one length per "
-                             "sequence)")
-    else:
-        check_int_vector("cache_seqlens", cache_seqlens, B, q.device)
+    check_int_tensor("block_table", block_table, B, q.device, ndim=2,
+                     shape=f"(B={B}, max_blocks)")
+    if cache_seqlens is not None:
+        check_int_tensor("cache_seqlens", cache_seqlens, B, q.device)
+    elif seqlens_required:
+        raise ValueError("cache_seqlens is required for paged_decode (one length per sequence)")
     return B, H, H_kv, N_q, D, num_blocks, block_size, block_table.shape[1]
 
 
 def check_cache_seqlens(cache_seqlens, n_max: int) -> None:
     """ValueError if a length lies outside [0, n_max]. Reads the lengths back to the host: on a
     GPU one device→host synchronisation (what ``validate=True`` adds to a call there)."""
-    lo, hi = (int(x) for x in torch.aminmax(cache_seqlens.to(torch.int64)))
+    lo, hi = (int(x) for x in torch.aminmax(cache_seqlens))
     if lo < 0 or hi > n_max:
         raise ValueError(f"cache_seqlens must lie in [0, {n_max}] (the cache's N_max), "
                          f"got values in [{lo}, {hi}]")
@@ -150,19 +138,17 @@ def _checks_values(validate) -> bool:
     (Callers test ``validate or _FREE_READS`` first: a GPU's default call does not get here.)"""
     if validate is None:
         return _FREE_READS and not torch.compiler.is_compiling()
-    if validate:
-        if torch.compiler.is_compiling():
-            raise ValueError("validate=True reads cache_seqlens back to the host, which a "
-                             "compiled graph cannot do: validate once outside torch.compile, "
-                             "or leave validate at None or False (the kernel clamps lengths "
-                             "and block ids into range)")
-        if kd.capturing():
-            raise ValueError("validate=True reads cache_seqlens back to the host, which a "
-                             "CUDA-graph capture cannot do: validate once before capturing, or "
-                             "leave validate at None or False (the kernel clamps lengths and "
-                             "block ids into range)")
+    if not validate:
+        return False
+    if torch.compiler.is_compiling():
+        where, instead = "a compiled graph", "outside torch.compile"
+    elif kd.capturing():
+        where, instead = "a CUDA-graph capture", "before capturing"
+    else:
         return True
-    return False
+    raise ValueError(f"validate=True reads cache_seqlens back to the host, which {where} cannot "
+                     f"do: validate once {instead}, or leave validate at None or False (the "
+                     "kernel clamps lengths and block ids into range)")
 
 
 def _int32(t: torch.Tensor) -> torch.Tensor:
@@ -197,14 +183,13 @@ def _capturing(stream: int) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 class _Bound:
-    """The launches of a plan's last step, bound (``DecodePlan._launch``), with what they were
-    bound for: the cache tensors and the variants' tensors (inputs of the call: a tensor it
-    allocates, under torch.compile's CUDA graphs one of the graph's pool, is never kept), the
-    cache's length, the arguments that follow the addresses (``geometry``), what the compiled
-    kernel depends on (the integers' classes, q's strides, the block table's row stride, whether
-    there are lengths), the split kernel's launch ``split(*addresses, *geometry)``, the merge
-    kernel's (``merges``: none or one) and the (out, lse) addresses it writes to. (A class with
-    slots: its fields are read at every step, faster than a NamedTuple's.)"""
+    """A plan's last step, bound (``DecodePlan._launch``): the split kernel's launch
+    ``split(*addresses, *geometry)``, the merge kernel's (``merges``: none or one), and what they
+    were bound for: the cache's and the variants' tensors (the call's inputs; one it allocates,
+    under torch.compile's CUDA graphs the graph's, is never kept), its length, ``geometry`` (the
+    arguments after the addresses), what the compiled kernel depends on (the integers' classes,
+    q's strides, the block table's row stride, whether there are lengths) and the (out, lse)
+    addresses. Slots: its fields are read at every step, faster than a NamedTuple's."""
 
     __slots__ = ("k", "v", "alibi", "sinks", "n_max", "geometry", "classes", "q_stride",
                  "table_stride", "no_lens", "split", "merges", "outs")
@@ -306,11 +291,11 @@ class DecodePlan:
         takes as it is (int32, unit stride, the planned shapes), then the values."""
         plan, table_shape = self.plan, self._shapes[2]
         if cache_seqlens is not None:
-            check_int_vector("cache_seqlens", cache_seqlens, plan.B, self.device)
+            check_int_tensor("cache_seqlens", cache_seqlens, plan.B, self.device)
             _refuse_conversion("cache_seqlens", cache_seqlens)
-        if not self.paged:
-            if cache_seqlens is not None:
+            if not self.paged:
                 check_cache_seqlens(cache_seqlens, plan.n_max)
+        if not self.paged:
             return
         if not isinstance(block_table, torch.Tensor):
             raise TypeError(f"block_table must be a torch.Tensor of int32, got "
@@ -568,7 +553,8 @@ def _decode(q, k, v, lens, table, num_splits, sm_scale, return_lse, validate, va
     if compiling:
         args = (q, k, v, table, lens) if paged else (q, k, v, lens)
         op = torch.ops.course.paged_decode if paged else torch.ops.course.flash_decode
-        o, lse = op(*args, num_splits or 0, sm_scale, *_op_variant(variant))
+        o, lse = op(*args, num_splits or 0, sm_scale, variant.window[0], variant.softcap,
+                    variant.alibi_slopes, variant.sinks)
     else:
         plan = plan or _plan(key, q, k, paged, n_max, page_size, num_blocks, num_splits,
                              sm_scale, variant)
@@ -580,11 +566,6 @@ def _decode(q, k, v, lens, table, num_splits, sm_scale, return_lse, validate, va
 # ---------------------------------------------------------------------------------------------
 # the operators: typed functions (``course_lib.ops.library``); every call returns new tensors
 # ---------------------------------------------------------------------------------------------
-
-def _op_variant(variant: Variant) -> tuple:
-    """The operators' variant arguments: (window_left, softcap, alibi_slopes, sinks)."""
-    return variant.window[0], variant.softcap, variant.alibi_slopes, variant.sinks
-
 
 def _op_call(q, k, v, lens, table, n_max, page_size, num_blocks, num_splits, sm_scale,
              window_left, softcap, alibi_slopes, sinks):

@@ -34,7 +34,7 @@ from torch import Tensor
 from course_lib._device import DEVICE
 from course_lib._launch import hooks_installed, int_classes
 from course_lib.kernels import decode as kd
-from course_lib.kernels.attention_common import empty_output
+from course_lib.kernels.attention_common import empty_like_is_output, empty_output
 from course_lib.ops.library import operator
 from course_lib.validate import (
     Variant,
@@ -425,9 +425,7 @@ def _plan(key, q, k, paged, n_max, page_size, num_blocks, num_splits, sm_scale,
                          page_size=page_size, num_blocks=num_blocks, merge=merge,
                          window=variant.window, softcap=variant.softcap)
     plan = DecodePlan(split, q, sm_scale, variant)
-    # torch.empty_like keeps the strides of a dense q: O laid out as q is (the key holds q's
-    # strides), and it parses no shape, dtype or device
-    plan.out_like = q.is_contiguous() or q.transpose(1, 2).is_contiguous()
+    plan.out_like = empty_like_is_output(q)  # (the key holds q's strides)
     if key is not None and (not operator or split.num_splits == 1):
         _PLANS[key] = plan
         if len(_PLANS) > _MAX_PLANS:

@@ -119,7 +119,7 @@ def test_an_lse_not_returned_goes_to_the_plans_buffer(monkeypatch):
             seen.clear()
             o = flash_decode(q, k, v, num_splits=num_splits)
             # the output every call; an lse-shaped buffer only once, for the plan
-            allocated = [tuple(t.shape) for t in seen]
+            allocated = [tuple(t.shape) for t in seen if not t.is_meta]  # (meta: no memory)
             assert allocated.count((B, H, 1, D)) == 1
             assert allocated.count((B, H, 1)) == (step == 0), allocated
             seen.clear()

@@ -253,7 +253,8 @@ def empty_output(q, empty=None):
 def empty_like_is_output(q) -> bool:
     """Whether ``torch.empty_like(q)`` lays O out as ``empty_output(q)`` does (the same stride
     wherever a dim has more than one element): where it does, the fast paths allocate O with
-    it, which parses no shape, dtype or device."""
+    it, which parses no shape, dtype or device. Asked of a q on the meta device: no memory."""
+    q = torch.empty_strided(q.shape, q.stride(), dtype=q.dtype, device="meta")
     o, like = empty_output(q), torch.empty_like(q)
     return all(n == 1 or a == b for n, a, b in zip(o.shape, o.stride(), like.stride()))
 

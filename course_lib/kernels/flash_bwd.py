@@ -274,7 +274,8 @@ class BwdConfig:
     stages_q: int
     block_pre: int = 64
 
-    def check(self, head_dim: int) -> None:
+    def check(self) -> None:
+        """ValueError unless every block is a power of two >= 16, masked blocks included."""
         for name in ("block_m1", "block_n1", "block_m2", "block_n2", "block_pre"):
             b = getattr(self, name)
             if b < 16 or b & (b - 1):
@@ -384,7 +385,7 @@ def _gradients(dkdv_kernels, dq_kernels, q, k, v, o, do, lse, strides_q, n_seq, 
     (B, H, rows), D, H_kv = lse.shape, q.shape[-1], k.shape[1]
     group = H // H_kv
     cfg = config or default_config(D)
-    cfg.check(D)
+    cfg.check()
     n_bucket = triton.next_power_of_2(max(N_q, N_k))
     tuned = config is None and not INTERPRET and n_bucket >= AUTOTUNE_MIN_N
     splits = choose_splits(n_seq, H_kv, group, N_k, cfg.block_n1) if splits is None else splits

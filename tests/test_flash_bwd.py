@@ -136,6 +136,21 @@ def test_gqa_group_split_over_programs(splits, causal, poisoned_allocations):
         flash_attn_v2_backward(do, q, k, v, o, lse, causal, 32 ** -0.5, splits=3)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape,splits", [((1, 4, 2, 97, 130, 32), None),
+                                          ((1, 2, 1, 130, 97, 40), None),
+                                          ((2, 8, 2, 70, 90, 16), 2)],
+                         ids=["gqa", "padded-d", "split-group"])
+def test_one_pass_matches_autograd(shape, splits, causal, poisoned_allocations):
+    """``one_pass``: dQ added by the dK/dV kernel (atomic adds), no dQ kernel; GQA, ragged
+    lengths, a padded head dim, a group split over programs."""
+    q, k, v, do = _inputs(*shape, DTYPES[-1])
+    o, lse = _saved_forward(q, k, v, causal)
+    got = flash_attn_v2_backward(do, q, k, v, o, lse, causal, shape[-1] ** -0.5, splits=splits,
+                                 one_pass=True)
+    _check_grads(got, q, k, v, do, causal, label="one pass ")
+
+
 def test_rows_that_see_no_key_get_zero_gradient():
     """Bottom-right causal with N_q > N_k: rows i < N_q - N_k see nothing (lse = -inf)."""
     q, k, v, do = _inputs(1, 2, 2, 50, 20, 16, torch.float32)
@@ -313,6 +328,27 @@ def test_gpu_autotuned_path(D, causal):
     o, lse = _saved_forward(q, k, v, causal)
     _check_grads(flash_attn_v2_backward(do, q, k, v, o, lse, causal, D ** -0.5),
                  q, k, v, do, causal, label="autotuned ")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_one_pass_autotuned(causal):
+    """The one-pass form's autotuner zeroes dQ before every candidate it times."""
+    q, k, v, do = _inputs(1, 4, 2, 2100, 2049, 64, torch.float16)
+    o, lse = _saved_forward(q, k, v, causal)
+    got = flash_attn_v2_backward(do, q, k, v, o, lse, causal, 64 ** -0.5, one_pass=True)
+    _check_grads(got, q, k, v, do, causal, label="one pass, autotuned ")
+
+
+@pytest.mark.gpu
+def test_gpu_the_backward_gives_the_same_bits_every_run():
+    """The default backward adds nothing atomically: five runs, the same bits."""
+    q, k, v, do = _inputs(2, 8, 2, 2100, 2049, 128, torch.float16)
+    o, lse = _saved_forward(q, k, v, True)
+    first = flash_attn_v2_backward(do, q, k, v, o, lse, True, 128 ** -0.5)
+    for _ in range(4):
+        again = flash_attn_v2_backward(do, q, k, v, o, lse, True, 128 ** -0.5)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
 @pytest.mark.gpu

@@ -67,14 +67,15 @@ from course_lib.kernels.attention_common import (
 
 # 2. dK, dV: a K/V block stays on chip, Q blocks stream past
 @triton.jit
-def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE2, Delta, qk_scale, offs_n, start_m, num_steps,
-                    N_Q, q_offset,
+def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE2, Delta, DQ, qk_scale, sm_scale, offs_n, start_m,
+                    num_steps, N_Q, q_offset,
                     BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL_MASK: tl.constexpr,
-                    CHECK_M: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                    CHECK_M: tl.constexpr, DOT_PRECISION: tl.constexpr, ONE_PASS: tl.constexpr):
     """Accumulate dK (unscaled) and dV of one key block over ``num_steps`` Q blocks of one head.
 
-    Q, DO, LSE2, Delta point at the head's first row. With CAUSAL_MASK, Pᵀ is zeroed where key
-    j > i + q_offset; with CHECK_M, rows i >= N_Q are masked in the loads (lse₂ = +inf: P = 0)."""
+    Q, DO, LSE2, Delta (and DQ) point at the head's first row. With CAUSAL_MASK, Pᵀ is zeroed
+    where key j > i + q_offset; with CHECK_M, rows i >= N_Q are masked in the loads (lse₂ = +inf:
+    P = 0). With ONE_PASS, each Q block's share of dQ, sm_scale·dS K, is added into DQ (fp32)."""
     HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -102,15 +103,19 @@ def _bwd_dkdv_inner(dk, dv, k, v, Q, DO, LSE2, Delta, qk_scale, offs_n, start_m,
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M)
         dsT = pT * (dpT - delta[None, :])  # dSᵀ = Pᵀ ∘ (dPᵀ - delta)
         dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=DOT_PRECISION)
+        if ONE_PASS:  # this key block's share of the rows' dQ, added to the other blocks'
+            dq = tl.dot(tl.trans(dsT.to(qT.dtype)), k, input_precision=DOT_PRECISION)
+            tl.atomic_add(DQ + offs_m[:, None] * HEAD_DIM + offs_d[None, :], dq * sm_scale,
+                          mask=in_m[:, None] & d_ok, sem="relaxed")
     return dk, dv
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DO, LSE2, Delta, DK, DV,
+def _bwd_dkdv_kernel(Q, K, V, DO, LSE2, Delta, DK, DV, DQ_ACC,
                      qk_scale, sm_scale, H, H_KV, N_Q, N_K, HEADS_PER_SPLIT, N_BUCKET,
                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      MASK_BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr,
-                     DOT_PRECISION: tl.constexpr):
+                     DOT_PRECISION: tl.constexpr, ONE_PASS: tl.constexpr = False):
     pid_n = tl.program_id(0)
     pid_bhs = tl.program_id(1)  # (split, batch, K/V head), K/V head fastest
     n_bhkv = tl.num_programs(1) // ((H // H_KV) // HEADS_PER_SPLIT)  # B · H_KV
@@ -157,18 +162,19 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE2, Delta, DK, DV,
         DOh = DO + row0 * HEAD_DIM
         LSE2h = LSE2 + row0
         Deltah = Delta + row0
+        DQh = DQ_ACC + row0 * HEAD_DIM
         if CAUSAL:  # the band along the diagonal: narrow blocks, masked
-            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Qh, DOh, LSE2h, Deltah, qk_scale, offs_n,
-                                     m_lo, num_masked, N_Q, q_offset,
-                                     MASK_BLOCK_M, HEAD_DIM, True, True, DOT_PRECISION)
+            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Qh, DOh, LSE2h, Deltah, DQh, qk_scale,
+                                     sm_scale, offs_n, m_lo, num_masked, N_Q, q_offset,
+                                     MASK_BLOCK_M, HEAD_DIM, True, True, DOT_PRECISION, ONE_PASS)
         # the rows that see the whole key block: no mask, whole blocks
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Qh, DOh, LSE2h, Deltah, qk_scale, offs_n,
-                                 m_full, num_full, N_Q, q_offset,
-                                 BLOCK_M, HEAD_DIM, False, False, DOT_PRECISION)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Qh, DOh, LSE2h, Deltah, DQh, qk_scale, sm_scale,
+                                 offs_n, m_full, num_full, N_Q, q_offset,
+                                 BLOCK_M, HEAD_DIM, False, False, DOT_PRECISION, ONE_PASS)
         # the ragged end of the queries
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Qh, DOh, LSE2h, Deltah, qk_scale, offs_n,
-                                 m_tail, num_tail, N_Q, q_offset,
-                                 BLOCK_M, HEAD_DIM, False, True, DOT_PRECISION)
+        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Qh, DOh, LSE2h, Deltah, DQh, qk_scale, sm_scale,
+                                 offs_n, m_tail, num_tail, N_Q, q_offset,
+                                 BLOCK_M, HEAD_DIM, False, True, DOT_PRECISION, ONE_PASS)
 
     dk = dk * sm_scale
     out_off = pid_bhs.to(tl.int64) * N_K * HEAD_DIM  # = (split · B·H_KV + bhk) · N_K · D
@@ -338,15 +344,18 @@ def keep_bwd_config_for_head_dim(configs, named_args, **kwargs):
     return configs[3 * group:3 * group + 3]
 
 
-def _autotuned(kernel, configs, key):
-    """``kernel`` autotuned once per ``key`` over the three ``configs`` meant for its head dim."""
+def _autotuned(kernel, configs, key, reset_to_zero=None):
+    """``kernel`` autotuned once per ``key`` over the three ``configs`` meant for its head dim
+    (``reset_to_zero``: the buffers it adds into, zeroed before each timed run)."""
     prune = {"early_config_prune": keep_bwd_config_for_head_dim}
-    return triton.autotune(configs=configs, key=key, prune_configs_by=prune)(kernel)
+    return triton.autotune(configs=configs, key=key, prune_configs_by=prune,
+                           reset_to_zero=reset_to_zero)(kernel)
 
 
 _KEY = ["N_BUCKET", "HEAD_DIM", "CAUSAL", "DOT_PRECISION"]
 _dkdv_tuned = _autotuned(_bwd_dkdv_kernel, DKDV_CONFIGS, _KEY)
 _dq_tuned = _autotuned(_bwd_dq_kernel, DQ_CONFIGS, _KEY)
+_one_pass_tuned = _autotuned(_bwd_dkdv_kernel, DKDV_CONFIGS, _KEY, reset_to_zero=["DQ_ACC"])
 
 
 def gpu_config(head_dim: int) -> BwdConfig:
@@ -376,12 +385,13 @@ def choose_splits(B: int, H_kv: int, group: int, N_k: int, block_n1: int) -> int
 
 
 def _gradients(dkdv_kernels, dq_kernels, q, k, v, o, do, lse, strides_q, n_seq, N_q, N_k,
-               sm_scale, config, splits, args):
+               sm_scale, config, splits, args, one_pass=False):
     """(dq, dk, dv, delta) for ``dO = do``, shared with the variants' backward: the preprocess,
     then the dK/dV and the dQ kernel (each plain and autotuned) over ``n_seq`` sequences of at
     most N_q queries and N_k keys; lse is (B, H, rows), ``strides_q`` q's, o's and do's (batch,
     head, row) strides in rows of D. ``args``: the kernels' other arguments by name, each kernel
-    taking those it has (None: a pointer never read)."""
+    taking those it has (None: a pointer never read). ``one_pass``: the dK/dV kernel adds dQ
+    into fp32 zeros (``DQ_ACC``), and no dQ kernel runs."""
     (B, H, rows), D, H_kv = lse.shape, q.shape[-1], k.shape[1]
     group = H // H_kv
     cfg = config or default_config(D)
@@ -396,16 +406,17 @@ def _gradients(dkdv_kernels, dq_kernels, q, k, v, o, do, lse, strides_q, n_seq, 
     # delta, lse₂ and the partial sums of split dk, dv in fp32 (fp64 for fp64)
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     delta = torch.empty((B, H, rows), dtype=acc_dtype, device=q.device)
-    lse2, dq = torch.empty_like(delta), torch.empty_like(q)
+    lse2 = torch.empty_like(delta)
+    dq = torch.zeros(q.shape, dtype=acc_dtype, device=q.device) if one_pass else torch.empty_like(q)
     if splits == 1:
         dk, dv = torch.empty_like(k), torch.empty_like(v)
     else:
         dk = torch.empty((splits, *k.shape), dtype=acc_dtype, device=q.device)
         dv = torch.empty_like(dk)
     args = {name: delta if a is None else a for name, a in args.items()}
-    args.update(sm_scale=sm_scale, H=H, H_KV=H_kv, N_Q=N_q, N_K=N_k,
-                HEADS_PER_SPLIT=group // splits, N_BUCKET=n_bucket, HEAD_DIM=D,
-                DOT_PRECISION=dot_precision(q.dtype))
+    args.update(DQ_ACC=dq if one_pass else delta, ONE_PASS=one_pass, sm_scale=sm_scale, H=H,
+                H_KV=H_kv, N_Q=N_q, N_K=N_k, HEADS_PER_SPLIT=group // splits,
+                N_BUCKET=n_bucket, HEAD_DIM=D, DOT_PRECISION=dot_precision(q.dtype))
 
     def launch(kernels, blocks, grid, *outputs):
         kernel = kernels[1] if tuned else kernels[0]
@@ -420,18 +431,25 @@ def _gradients(dkdv_kernels, dq_kernels, q, k, v, o, do, lse, strides_q, n_seq, 
             BLOCK_M=cfg.block_pre)
         launch(dkdv_kernels, cfg.dkdv_blocks(),
                lambda m: (triton.cdiv(N_k, m["BLOCK_N"]), splits * n_seq * H_kv), dk, dv)
-        launch(dq_kernels, cfg.dq_blocks(), lambda m: (triton.cdiv(N_q, m["BLOCK_M"]), n_seq * H),
-               dq)
+        if not one_pass:
+            launch(dq_kernels, cfg.dq_blocks(),
+                   lambda m: (triton.cdiv(N_q, m["BLOCK_M"]), n_seq * H), dq)
     if splits > 1:  # the sum of the partials
         dk, dv = dk.sum(0).to(k.dtype), dv.sum(0).to(v.dtype)
-    return dq, dk, dv, delta
+    return dq.to(q.dtype), dk, dv, delta
 
 
 def flash_attn_v2_backward(do, q, k, v, o, lse, causal, sm_scale, config: BwdConfig | None = None,
-                           splits: int | None = None):
+                           splits: int | None = None, one_pass: bool = False):
     """Gradients (dq, dk, dv) of ``O = flash_attn_v2(q, k, v, causal, sm_scale)`` for ``dO = do``;
     lse (B, H, N_q) is the forward's natural-log log-sum-exp (-inf where a row sees no key). dq has
-    q's dtype, dk and dv k's. ``config`` and ``splits`` override the defaults (tests, tuning)."""
+    q's dtype, dk and dv k's. ``config`` and ``splits`` override the defaults (tests, tuning).
+
+    ``one_pass``: FlashAttention-2's form (Dao 2023, section 3.1.2), five matmuls per block pair
+    instead of seven: the dK/dV kernel also adds each block's share of dQ into an fp32 buffer
+    with atomic adds, and no dQ kernel runs. The order of those adds varies from run to run, so
+    dQ's last bits do too; the default (two kernels, no atomics) gives the same bits every run.
+    Measured against each other: ``python -m course_lib.bench backward_forms``."""
     B, H, N_q, D = q.shape
     H_kv, N_k = k.shape[1], k.shape[2]
     if o.shape != q.shape or do.shape != q.shape:
@@ -445,9 +463,10 @@ def flash_attn_v2_backward(do, q, k, v, o, lse, causal, sm_scale, config: BwdCon
         raise ValueError(f"lse {tuple(lse.shape)} must be (B, H, N_q) = {(B, H, N_q)}")
     refuse_bf16_in_interpreter(q, k, v, do, names=("q", "k", "v", "do"))
     dq, dk, dv, _ = _gradients(
-        (_bwd_dkdv_kernel, _dkdv_tuned), (_bwd_dq_kernel, _dq_tuned), q, k, v, o, do, lse,
-        (H * N_q, N_q, 1), B, N_q, N_k, sm_scale, config, splits,
-        {"qk_scale": sm_scale * LOG2E.value, "CAUSAL": bool(causal)})
+        (_bwd_dkdv_kernel, _one_pass_tuned if one_pass else _dkdv_tuned),
+        (_bwd_dq_kernel, _dq_tuned), q, k, v, o, do, lse, (H * N_q, N_q, 1), B, N_q, N_k,
+        sm_scale, config, splits, {"qk_scale": sm_scale * LOG2E.value, "CAUSAL": bool(causal)},
+        one_pass=bool(one_pass))
     return dq, dk, dv
 
 

@@ -33,12 +33,21 @@ ROLE_LABELS = {
 
 def dot_lines(kernel: str) -> list[str]:
     """The source lines of ``flash_bwd``'s inner loop ``kernel`` ("dkdv" or "dq") that call
-    ``tl.dot``: one matmul on tiles each (comments left out)."""
+    ``tl.dot``: one matmul on tiles each (comments left out), in the default two-kernel form
+    (the lines under ``if ONE_PASS:`` left out)."""
     from course_lib.kernels import flash_bwd
 
     fn = {"dkdv": flash_bwd._bwd_dkdv_inner, "dq": flash_bwd._bwd_dq_inner}[kernel].fn
-    lines = [line.split("#")[0].rstrip() for line in inspect.getsource(fn).splitlines()]
-    return [line.strip() for line in lines if "tl.dot(" in line]
+    dots, skip_below = [], None  # the indent of an ``if ONE_PASS:`` whose block is skipped
+    for line in inspect.getsource(fn).splitlines():
+        code = line.split("#")[0].rstrip()
+        indent = len(code) - len(code.lstrip())
+        if skip_below is not None and (not code or indent > skip_below):
+            continue
+        skip_below = indent if code.strip().startswith("if ONE_PASS") else None
+        if "tl.dot(" in code:
+            dots.append(code.strip())
+    return dots
 
 
 def _chip(ax, x, y, text, role, h=0.62, size=11):

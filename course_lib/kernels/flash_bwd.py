@@ -27,6 +27,11 @@ Three kernels, and their grids:
 
 So seven matmuls per block pair where the reporting convention (FLOPs = 2.5 × forward) counts
 five: S and dP are computed twice, in exchange for no atomics and a deterministic result.
+``one_pass=True`` runs FlashAttention-2's five-matmul form instead (dQ added by the dK/dV
+kernel with fp32 atomic adds, no dQ kernel). On an NVIDIA H200 (torch 2.11.0+cu130, triton
+3.6.0, fp16, B·N = 32k, H·D = 2048; ``python -m course_lib.bench backward_forms``,
+course_lib/data/backward_forms.json) it ran at 0.90 to 1.09 of the two kernels' speed, faster
+only at D 128 causal, N 4k and 16k; and its dQ differs in its last bits from run to run.
 Causal (bottom-right) programs visit only blocks that can be non-zero: a masked band along the
 diagonal, then unmasked blocks; ragged ends are masked.
 

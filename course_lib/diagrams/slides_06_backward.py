@@ -28,15 +28,11 @@ from course_lib.diagrams.slides_style import (
 
 def matmul_counts() -> dict:
     """``tl.dot`` calls in the inner loops of the course's backward kernels, counted in their
-    source (course_lib/kernels/flash_bwd.py): the dK/dV loop and the dQ loop."""
-    import inspect
+    source (course_lib/kernels/flash_bwd.py, the default two-kernel form:
+    ``diagrams.backward.dot_lines``): the dK/dV loop and the dQ loop."""
+    from course_lib.diagrams.backward import dot_lines
 
-    from course_lib.kernels import flash_bwd
-
-    def dots(fn):
-        return inspect.getsource(getattr(fn, "fn", fn)).count("tl.dot(")
-
-    dkdv, dq = dots(flash_bwd._bwd_dkdv_inner), dots(flash_bwd._bwd_dq_inner)
+    dkdv, dq = len(dot_lines("dkdv")), len(dot_lines("dq"))
     return {"dkdv": dkdv, "dq": dq, "total": dkdv + dq}
 
 

@@ -42,15 +42,12 @@ FlashAttention paper's Figure 2 shape, 20x the minimum DRAM bytes; course_lib/da
 """
 from __future__ import annotations
 
-import contextlib
-
-import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from course_lib._device import INTERPRET
-from course_lib.kernels.attention_common import LOG2E
+from course_lib.kernels.attention_common import LOG2E, dot_precision, interpreter_errstate
 from course_lib.validate import POW2_HEAD_DIMS, check_attention_inputs, check_sm_scale
 
 
@@ -213,21 +210,15 @@ def _flash_attn_v1_forward(q, k, v, causal, sm_scale, block_m=None, block_n=None
     bm, bn, warps = block_sizes(D, block_m, block_n)
     out, o_acc, l_buf, m_buf = allocate_buffers(q) if buffers is None else buffers
     grid = (B * H,)  # parallel over batch × heads only: the v1 way
-    # The interpreter evaluates every lane with NumPy, also those tl.where then drops, and NumPy
-    # warns about the inf and NaN it makes there. Here the -inf guards leave nothing to warn
-    # about (no -inf - (-inf), no division by l = 0; exp2(-inf) = 0 is silent): no warning is
-    # expected. The launch is quiet like flash_v2's all the same (interpreter only; a no-op on
-    # a GPU), so that an edge case of the lesson's never shows a red box for a value it drops.
-    quiet = (np.errstate(divide="ignore", invalid="ignore", over="ignore") if INTERPRET
-             else contextlib.nullcontext())
-    with quiet:
+    # The -inf guards leave NumPy nothing to warn about in the interpreter; the launch is quiet
+    # like flash_v2's all the same, so that no edge case shows a red box for a value it drops.
+    with interpreter_errstate():
         _flash_fwd_v1_kernel[grid](
             q, k, v, out, o_acc, l_buf, m_buf,
             *q.stride(), *k.stride(), *v.stride(), *out.stride(),
             H, H // H_kv, N_q, N_k, sm_scale * LOG2E.value,
             HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal,
-            # fp32 inputs get exact fp32 dots: TF32 would fail the 2x error rule
-            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            DOT_PRECISION=dot_precision(q.dtype),
             num_warps=warps, num_stages=1,
         )
     return out

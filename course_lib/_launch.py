@@ -53,11 +53,13 @@ def _specialization(args) -> list:
     # metaclass's __instancecheck__ and costs several times more). An integer counts by its
     # class, not its value: a KV cache that grows by a token keeps its key. The tuple is
     # ``int_classes``'s (which ``bind``'s callers test), written out to spare a call per
-    # argument: the two must stay equal.
+    # argument: the two must stay equal. A tuple (the variants' kernels take one) is keyed
+    # element by element.
     return [(a == 1, not a & 15, -0x80000000 <= a <= 0x7FFFFFFF) if type(a) is int else
             (a.dtype, a.get_device(), not a.data_ptr() & 15) if isinstance(a, torch.Tensor)
-            else (float if type(a) is float else
-                  _descriptor_key(a) if isinstance(a, TensorDescriptor) else a) for a in args]
+            else (float if type(a) is float else tuple(_specialization(a)) if type(a) is tuple
+                  else _descriptor_key(a) if isinstance(a, TensorDescriptor) else a)
+            for a in args]
 
 
 def int_classes(values) -> tuple:
@@ -71,8 +73,8 @@ def _pointers(args) -> list:
     # driver query (cuPointerGetAttribute) per tensor. The key holds each tensor's device, so
     # a tensor elsewhere never gets here unchecked. A TensorDescriptor stays: the launcher
     # encodes it.
-    return [a if type(a) is int else a.data_ptr() if isinstance(a, torch.Tensor) else a
-            for a in args]
+    return [a if type(a) is int else a.data_ptr() if isinstance(a, torch.Tensor) else
+            tuple(_pointers(a)) if type(a) is tuple else a for a in args]
 
 
 def _tail(kernel, n_positional: int, kwargs: dict) -> tuple:

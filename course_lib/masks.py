@@ -1,10 +1,11 @@
-"""Which keys a query sees: the mask rules of attention's variants, in one place.
+"""The variants of attention in one place: which keys a query sees, the change to its scores,
+and ``Variant``, the checked value of one call's variants (``check_variants``).
 
-Introduced for notebooks/15_attention_variants.ipynb. The references
-(``course_lib.reference.attention_variants``), the argument checks (``validate``) and the block
-counts (``iomodel.variants``) read their rules here; the kernel computes the same key ranges in
-Triton (``kernels.band._band_bounds``, and for the backward's key blocks
-``kernels.flash_variants_bwd._band_rows``), and tests hold each pair together.
+Introduced for notebooks/15_attention_variants.ipynb. The reference
+(``course_lib.reference.attention_variants``), the public functions' checks and the block
+counts (``iomodel.variants``) read their rules here; the kernels compute the same in Triton
+(``kernels.band``: ``_band_bounds``, ``_band_rows``, ``_key_limits``, ``_variant_scores``), and
+tests hold each pair together.
 
 Conventions are FlashAttention's (Tri Dao, flash-attention, ``flash_attn_func`` in
 ``flash_attn/flash_attn_interface.py``, https://github.com/Dao-AILab/flash-attention), so a
@@ -14,15 +15,20 @@ user's arguments map one to one:
   last query is the last key. ``causal=True`` lets it see the keys ``j <= p``.
 * ``window_size=(left, right)`` lets it see the keys ``p − left <= j <= p + right``; −1 leaves
   that side unbounded. ``causal=True`` sets ``right = 0``. ``(-1, -1)`` is full attention.
+* ``softcap`` c > 0: the scaled score s becomes ``c · tanh(s / c)`` (Gemma 2's logit soft-capping).
 * ``alibi_slopes`` (H,) or (B, H): ``−slope · |p − j|`` is added to the scaled score (Press et
   al., "Train Short, Test Long", 2022, https://arxiv.org/abs/2108.12409, in FlashAttention's
   bottom-right form).
+* ``sinks`` (H,): a logit per head that joins the softmax's denominator with no value
+  (GPT-OSS's attention sinks).
 
 Every variant is a rule for which key blocks a block of query rows skips, reads in full, or
 reads under a mask (``block_kind``), plus a change to the scores. A row that sees no key has
 output 0 and log-sum-exp −inf (with a sink: the sink's logit).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -122,3 +128,62 @@ def alibi_bias(alibi_slopes: torch.Tensor, n_q: int, n_k: int) -> torch.Tensor:
     dist = (p - j).abs().to(alibi_slopes.dtype)  # (n_q, n_k)
     slopes = alibi_slopes if alibi_slopes.ndim == 2 else alibi_slopes[None]  # (1 or B, H)
     return -slopes[:, :, None, None] * dist
+
+
+def variant_scores(s: torch.Tensor, variant) -> torch.Tensor:
+    """The scaled scores s = sm_scale·qkᵀ (..., n_q, n_k) as ``variant`` changes them: with a
+    softcap c > 0, c·tanh(s / c), then ALiBi's −slope·|p − j| (``alibi_bias``). What the
+    kernels compute in Triton (``kernels.band._variant_scores``)."""
+    if variant.softcap:
+        s = variant.softcap * torch.tanh(s / variant.softcap)
+    if variant.alibi_slopes is not None:
+        s = s + alibi_bias(variant.alibi_slopes.to(s.dtype), *s.shape[-2:])
+    return s
+
+
+class Variant(NamedTuple):
+    """The variants of one attention call (lesson 15), checked: what every kernel that serves
+    them takes, from the checks to the launch. ``window`` (left, right), −1 for an unbounded
+    side (causal is right = 0); ``softcap`` a float, 0.0 for none;
+    ``alibi_slopes`` (H,) or (B, H) and ``sinks`` (H,) fp32 tensors, or None."""
+
+    window: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+    alibi_slopes: torch.Tensor | None = None
+    sinks: torch.Tensor | None = None
+
+    @property
+    def dense(self) -> bool:
+        """Whether the scores are plain ones (no softcap, ALiBi or sinks): a window then only
+        limits which keys a row sees."""
+        return self.softcap == 0.0 and self.alibi_slopes is None and self.sinks is None
+
+
+def check_variants(q, causal, window_size, softcap, alibi_slopes, sinks) -> Variant:
+    """The variants' arguments of an attention call on q (B, H, N_q, D), checked: a ``Variant``
+    with the window normalised (causal is right = 0) and softcap a float
+    (0.0: off). Shapes, dtypes and devices only: no value is read back."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    window = normalize_window(window_size, causal)
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"softcap must be a number (0.0: no cap), got {type(softcap).__name__}")
+    softcap = float(softcap)
+    if not (softcap >= 0 and softcap < float("inf")):
+        raise ValueError(f"softcap must be > 0 (or 0.0: no cap) and finite, got {softcap}")
+    B, H = q.shape[0], q.shape[1]
+    for name, t, shapes in (("alibi_slopes", alibi_slopes, ((H,), (B, H))),
+                            ("sinks", sinks, ((H,),))):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor of float32, got {type(t).__name__}")
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32, got {t.dtype}")
+        if tuple(t.shape) not in shapes:
+            want = " or ".join(str(s).replace(",)", ")") for s in shapes)
+            raise ValueError(f"{name} must have shape {want} for q's batch {B} and {H} heads, "
+                             f"got {tuple(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    return Variant(window, softcap, alibi_slopes, sinks)

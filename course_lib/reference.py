@@ -102,13 +102,15 @@ def attention(q, k, v, causal=False, sm_scale=None, dropout_p=0.0, dropout_seed=
     return (o, lse) if return_lse else o
 
 
-def attention_variants(q, k, v, causal=False, sm_scale=None, window_size=(-1, -1), softcap=0.0,
-                       alibi_slopes=None, sinks=None, return_lse=False, compute_dtype=None):
+def attention_variants(q, k, v, causal=False, sm_scale=None, return_lse=False, compute_dtype=None,
+                       **variants):
     """Attention with the variants of open models, in fp32 (fp64 for fp64 input), differentiable
     in q, k, v and ``sinks``: the ground truth of lesson 15 (``course_lib.masks`` has the rules).
 
-    Scores ``s = sm_scale·qkᵀ``; with ``softcap`` c > 0, ``s = c·tanh(s / c)`` (Gemma 2); with
-    ``alibi_slopes`` (H,) or (B, H), ``s −= slope·|p − j|``; keys outside ``window_size`` (and
+    ``variants``: ``flash_attn_v2``'s keywords ``window_size`` (default (-1, -1)), ``softcap``,
+    ``alibi_slopes``, ``sinks``, in any float dtype. Scores ``s = sm_scale·qkᵀ``, changed as
+    ``masks.variant_scores`` says: with ``softcap`` c > 0, ``s = c·tanh(s / c)`` (Gemma 2); with
+    ``alibi_slopes`` (H,) or (B, H), ``s −= slope·|p − j|``. Keys outside ``window_size`` (and
     the causal limit) are masked. ``sinks`` (H,): a logit per head that joins the softmax's
     denominator and carries no value (GPT-OSS): ``o_i = Σ_j e^{s_ij} v_j / (e^{sink} + Σ_j
     e^{s_ij})``, and the lse includes it. A row that sees no key: o = 0, lse = −inf, or the sink.
@@ -117,18 +119,15 @@ def attention_variants(q, k, v, causal=False, sm_scale=None, window_size=(-1, -1
     """
     from course_lib import masks
 
-    window = masks.normalize_window(window_size, causal)
+    window = masks.normalize_window(variants.pop("window_size", masks.FULL), causal)
+    variant = masks.Variant(window, **variants)
     s, v = _scaled_scores(q, k, v, sm_scale, compute_dtype)  # (B, H, N_q, N_k), v (B, H, N_k, D)
     B, H, N_q, N_k = s.shape
-    dt = s.dtype
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    if alibi_slopes is not None:
-        s = s + masks.alibi_bias(alibi_slopes.to(dt), N_q, N_k)
+    s = masks.variant_scores(s, variant)
     if window != masks.FULL:
         s = s.masked_fill(~masks.visible(N_q, N_k, window, s.device), float("-inf"))
-    if sinks is not None:  # one more "key" per row: its logit, and no value
-        sink = sinks.to(dt)[None, :, None, None].expand(B, H, N_q, 1)
+    if variant.sinks is not None:  # one more "key" per row: its logit, and no value
+        sink = variant.sinks.to(s.dtype)[None, :, None, None].expand(B, H, N_q, 1)
         s = torch.cat([s, sink], dim=-1)  # (B, H, N_q, N_k + 1)
     lse = torch.logsumexp(s, dim=-1)  # (B, H, N_q); -inf for rows that see nothing
     safe_lse = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)

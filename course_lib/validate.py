@@ -5,8 +5,6 @@ A wrapper calls these before it allocates or launches anything, so bad input get
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
 from course_lib._device import DEVICE, refuse_bf16_in_interpreter
@@ -103,56 +101,6 @@ def check_block_table(block_table, cache_seqlens, num_blocks, block_size, capaci
         raise ValueError(f"block_table[{b}, {j}] = {int(block_table[b, j])} is not a block id "
                          f"in [0, {num_blocks}) (num_blocks of k_pages), and sequence {b} "
                          f"uses that block")
-
-
-class Variant(NamedTuple):
-    """The variants of one attention call (lesson 15), checked: what every kernel that serves
-    them takes, from the checks to the launch. ``window`` (left, right), −1 for an unbounded
-    side (causal is right = 0, ``course_lib.masks``); ``softcap`` a float, 0.0 for none;
-    ``alibi_slopes`` (H,) or (B, H) and ``sinks`` (H,) fp32 tensors, or None."""
-
-    window: tuple[int, int] = (-1, -1)
-    softcap: float = 0.0
-    alibi_slopes: torch.Tensor | None = None
-    sinks: torch.Tensor | None = None
-
-    @property
-    def dense(self) -> bool:
-        """Whether the scores are plain ones (no softcap, ALiBi or sinks): a window then only
-        limits which keys a row sees."""
-        return self.softcap == 0.0 and self.alibi_slopes is None and self.sinks is None
-
-
-def check_variants(q, causal, window_size, softcap, alibi_slopes, sinks) -> Variant:
-    """The variants' arguments of an attention call on q (B, H, N_q, D), checked: a ``Variant``
-    with the window normalised (``course_lib.masks``: causal is right = 0) and softcap a float
-    (0.0: off). Shapes, dtypes and devices only: no value is read back."""
-    from course_lib.masks import normalize_window
-
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    window = normalize_window(window_size, causal)
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
-        raise TypeError(f"softcap must be a number (0.0: no cap), got {type(softcap).__name__}")
-    softcap = float(softcap)
-    if not (softcap >= 0 and softcap < float("inf")):
-        raise ValueError(f"softcap must be > 0 (or 0.0: no cap) and finite, got {softcap}")
-    B, H = q.shape[0], q.shape[1]
-    for name, t, shapes in (("alibi_slopes", alibi_slopes, ((H,), (B, H))),
-                            ("sinks", sinks, ((H,),))):
-        if t is None:
-            continue
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor of float32, got {type(t).__name__}")
-        if t.dtype != torch.float32:
-            raise TypeError(f"{name} must be float32, got {t.dtype}")
-        if tuple(t.shape) not in shapes:
-            want = " or ".join(str(s).replace(",)", ")") for s in shapes)
-            raise ValueError(f"{name} must have shape {want} for q's batch {B} and {H} heads, "
-                             f"got {tuple(t.shape)}")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
-    return Variant(window, softcap, alibi_slopes, sinks)
 
 
 def check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

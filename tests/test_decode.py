@@ -403,7 +403,7 @@ def test_planned_variants_with_either_merge(merge, dtype, monkeypatch):
     _poison_kernel_outputs(monkeypatch)
     plan = plan_decode(fresh_randn(B, H, N_q, D, dtype=dtype), k, v, num_splits=3, merge=merge,
                        **kw)
-    assert plan.plan.window == (13, 0) and plan.plan.softcap == 2.5
+    assert plan.plan.window == (13, 0) and plan._variant.softcap == 2.5
     for step in range(2):
         q = fresh_randn(B, H, N_q, D, dtype=dtype)
         o, lse = plan.run(q, k, v, return_lse=True)
@@ -540,9 +540,9 @@ def test_variants_read_nothing_back_from_the_device(monkeypatch):
 
 def test_variant_calls_repeat_their_plans_bound_launch(monkeypatch, request):
     """flash_decode with the variants (a stand-in for the bound split kernel records the
-    launches): the sinks' address is a free argument after the cache's geometry, so a layer
-    with sinks of its own reuses the plan's bound launch instead of binding anew; another
-    window is another plan."""
+    launches): the variants (``VARIANT``, the sinks as their address) are a free argument after
+    the cache's geometry, so a layer with sinks of its own reuses the plan's bound launch
+    instead of binding anew; another window is another plan."""
     from course_lib.kernels import decode as kd
 
     launched, bound = [], []
@@ -555,10 +555,10 @@ def test_variant_calls_repeat_their_plans_bound_launch(monkeypatch, request):
     sinks = [fresh_randn(H), fresh_randn(H)]  # two layers
     for layer in (0, 1):
         flash_decode(q, k, v, window_size=(8, 0), sinks=sinks[layer])
-    assert len(bound) == 1 and bound[0]["sinks"] is sinks[0], "the second layer bound anew"
-    assert launched[-1][-2:] == (sinks[1].data_ptr(), sinks[1].data_ptr())
+    assert len(bound) == 1 and bound[0]["variant"].sinks is sinks[0], "the second layer bound anew"
+    assert launched[-1][-1] == (8, 0, None, None, None, sinks[1].data_ptr())
     flash_decode(q, k, v, window_size=(8, 0), sinks=sinks[0])
-    assert len(bound) == 1 and launched[-1][-2:] == (sinks[0].data_ptr(),) * 2
+    assert len(bound) == 1 and launched[-1][-1][-1] == sinks[0].data_ptr()
     flash_decode(q, k, v, window_size=(9, 0), sinks=sinks[0])  # another window: another plan
     assert len(bound) == 2
     with pytest.raises(TypeError, match="window_size"):

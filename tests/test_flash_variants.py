@@ -9,8 +9,9 @@ import triton
 import triton.language as tl
 
 from course_lib import masks
-from course_lib.kernels.flash_variants import _band_bounds, forward_variants
+from course_lib.kernels.flash_variants import _band_bounds, forward_variants, variant_args
 from course_lib.kernels.flash_variants_hopper import forward_variants_hopper
+from course_lib.masks import Variant
 from course_lib.reference import attention_variants
 from course_lib.testing import (
     KERNEL_DTYPES,
@@ -19,7 +20,6 @@ from course_lib.testing import (
     poison_,
     variants_same_precision,
 )
-from course_lib.validate import Variant
 
 SHAPES = [  # B, H, H_kv, N_q, N_k, D
     (1, 2, 2, 1, 1, 32),
@@ -142,16 +142,16 @@ def test_auto_takes_the_tma_kernel_only_for_measured_head_dims(monkeypatch):
     """impl=None follows best_impl for D 128 (its config was measured with the variants) and
     runs the portable kernel for other head dims."""
     from course_lib.kernels.flash_variants_hopper import MEASURED_HEAD_DIMS
-    from course_lib.ops import variants as ov
+    from course_lib.ops import attention as ov
 
     ran = []
     monkeypatch.setattr(ov, "best_impl", lambda q, k, v: "hopper")
     for impl in ("portable", "hopper"):
-        monkeypatch.setitem(ov._FORWARDS, impl,
+        monkeypatch.setitem(ov._VARIANT_FORWARDS, impl,
                             lambda q, *rest, impl=impl, **kw: ran.append((impl, q.shape[-1])))
     for D in (64, 128, 256):
         q = torch.empty(1, 1, 4, D)
-        ov._forward(q, q, q, 0.1, Variant((8, 0)), "auto")
+        ov._variants_forward(q, q, q, 0.1, Variant((8, 0)), "auto")
     assert MEASURED_HEAD_DIMS == (128,)
     assert ran == [("portable", 64), ("hopper", 128), ("portable", 256)]
 
@@ -203,10 +203,9 @@ def test_varlen_packed_sequences_match_the_reference(name):
 
 
 @triton.jit
-def _bounds_probe(OUT, N_Q, N_K, LEFT, RIGHT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _bounds_probe(OUT, N_Q, N_K, VARIANT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid = tl.program_id(0)
-    lo, full_lo, full_hi, hi = _band_bounds(pid * BLOCK_M, N_Q, N_K, LEFT, RIGHT, BLOCK_M,
-                                            BLOCK_N)
+    lo, full_lo, full_hi, hi = _band_bounds(pid * BLOCK_M, N_Q, N_K, VARIANT, BLOCK_M, BLOCK_N)
     tl.store(OUT + pid * 4 + 0, lo)
     tl.store(OUT + pid * 4 + 1, full_lo)
     tl.store(OUT + pid * 4 + 2, full_hi)
@@ -222,7 +221,8 @@ def test_the_kernel_visits_exactly_the_blocks_the_rule_names(n_q, n_k, window):
     bm, bn = 16, 8
     m_blocks = triton.cdiv(n_q, bm)
     out = torch.full((m_blocks * 4,), -7, dtype=torch.int32, device=fresh_randn(1).device)
-    _bounds_probe[(m_blocks,)](out, n_q, n_k, window[0], window[1], BLOCK_M=bm, BLOCK_N=bn)
+    _bounds_probe[(m_blocks,)](out, n_q, n_k, variant_args(Variant(window))[0], BLOCK_M=bm,
+                               BLOCK_N=bn)
     got = out.view(m_blocks, 4).tolist()
     for pid, (lo, full_lo, full_hi, hi) in enumerate(got):
         r0, r1 = pid * bm, min(pid * bm + bm, n_q)

@@ -12,12 +12,13 @@ import triton.language as tl
 
 from course_lib import masks
 from course_lib.kernels import flash_bwd, flash_variants_bwd
+from course_lib.kernels.band import _band_rows, variant_args
 from course_lib.kernels.flash_variants import forward_variants_varlen
-from course_lib.kernels.flash_variants_bwd import _band_rows, backward_variants_varlen
+from course_lib.kernels.flash_variants_bwd import backward_variants_varlen
+from course_lib.masks import Variant
 from course_lib.ops import flash_attn_v2, flash_attn_varlen
 from course_lib.reference import attention_variants, attention_varlen
 from course_lib.testing import KERNEL_DTYPES, assert_close_2x, fresh_randn
-from course_lib.validate import Variant
 
 SHAPES = [  # B, H, H_kv, N_q, N_k, D
     (1, 4, 2, 37, 37, 64),
@@ -221,10 +222,10 @@ def test_a_window_backward_skips_the_blocks_outside_the_band():
 
 
 @triton.jit
-def _rows_probe(OUT, N_Q, N_K, LEFT, RIGHT, BLOCK_N: tl.constexpr, MASK_BLOCK_M: tl.constexpr,
+def _rows_probe(OUT, N_Q, N_K, VARIANT, BLOCK_N: tl.constexpr, MASK_BLOCK_M: tl.constexpr,
                 BLOCK_M: tl.constexpr):
     pid = tl.program_id(0)
-    lo, full_lo, full_hi, hi = _band_rows(pid * BLOCK_N, N_Q, N_K, LEFT, RIGHT, BLOCK_N,
+    lo, full_lo, full_hi, hi = _band_rows(pid * BLOCK_N, N_Q, N_K, VARIANT, BLOCK_N,
                                           MASK_BLOCK_M, BLOCK_M)
     tl.store(OUT + pid * 4 + 0, lo)
     tl.store(OUT + pid * 4 + 1, full_lo)
@@ -242,7 +243,7 @@ def test_the_dkdv_program_visits_exactly_the_rows_the_rule_names(n_q, n_k, windo
     vis = masks.visible(n_q, n_k, window)
     n_blocks = triton.cdiv(n_k, bn)
     out = torch.zeros(n_blocks * 4, dtype=torch.int32, device=fresh_randn(1).device)
-    _rows_probe[(n_blocks,)](out, n_q, n_k, window[0], window[1], bn, mbm, bm)
+    _rows_probe[(n_blocks,)](out, n_q, n_k, variant_args(Variant(window))[0], bn, mbm, bm)
     for c, (lo, full_lo, full_hi, hi) in enumerate(out.view(-1, 4).tolist()):
         c0, c1 = c * bn, (c + 1) * bn
         rule = masks.block_row_range(c0, c1, n_q, n_k, window)

@@ -233,7 +233,7 @@ def test_varlen_is_each_sequence_on_its_own():
 
 
 def test_check_variants_names_the_argument():
-    from course_lib.validate import check_variants
+    from course_lib.masks import check_variants
 
     q = torch.randn(2, 4, 3, 8)
     assert check_variants(q, True, (-1, -1), 0, None, None)[:2] == ((-1, 0), 0.0)

@@ -596,7 +596,8 @@ def test_a_decode_call_shaped_like_an_earlier_one_repeats_its_bound_launch(monke
     p = launched[-1]
     assert p[:6] == (q2.data_ptr(), k2.data_ptr(), v2.data_ptr(), q2.data_ptr(),
                      q2.data_ptr(), o.data_ptr())
-    assert p[7:] == (*k2.stride()[:3], *v2.stride()[:3], N)  # the cache's geometry, its length
+    assert p[7:14] == (*k2.stride()[:3], *v2.stride()[:3], N)  # the cache's geometry, its length
+    assert p[14:] == ((-1, 0, None, None, None, None),)  # VARIANT: causal, no other variant
     longer = fresh_randn(B, H_kv, N + 1, D)  # one token more: the same plan, no checks
     ops.flash_decode(q, longer, longer, sm_scale=0.25)
     assert len(checks) == 1 and len(bound) == 1 and launched[-1][13] == N + 1

@@ -57,7 +57,7 @@ def _ours(q, k, v, backward, window, impl="portable", config=None, softcap=0.0,
     backward."""
     from course_lib.kernels.flash_variants import forward_variants
     from course_lib.kernels.flash_variants_hopper import forward_variants_hopper
-    from course_lib.validate import Variant
+    from course_lib.masks import Variant
 
     variant = Variant(window, softcap, alibi_slopes, sinks)
     if not backward and impl == "hopper":

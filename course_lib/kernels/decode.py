@@ -20,10 +20,11 @@ row, or ends the split kernel (``FUSED_MERGE``): each program counts itself in w
 on its rows' counter (release-acquire, after a barrier: NVIDIA's threadFenceReduction CUDA
 sample); the last one merges the rows (``_merge_row``) and resets the counter to 0.
 
-Lesson 15's variants are constexpr flags that compile to nothing when off: ``WINDOW`` (LEFT, 0),
-whose splits cut only the band [lo, L_b), so a sliding-window step reads LEFT + N_q keys, not L_b;
-``HAS_SOFTCAP`` and ``HAS_ALIBI`` (``_variant_scores``); ``HAS_SINKS``, the sink joining the
-denominator in the merge (or in the split kernel where it is the only split).
+Lesson 15's variants come as one tuple, ``VARIANT`` (``band.variant_args``), whose absent
+fields compile to nothing: the cap and the ALiBi bias (``_variant_scores``), the sink joining the
+denominator in the merge (or in the split kernel where it is the only split). ``WINDOW``, a
+window (left, 0): the splits cut only the band [lo, L_b), so a sliding-window step reads
+left + N_q keys, not L_b.
 
 ``PAGED=True``: row ``n`` of K/V lives at ``k_pages[block_table[b, n // block_size], n %
 block_size, g]`` (PagedAttention: Kwon et al. 2023, §4.1). ``make_plan`` decides the split count,
@@ -57,8 +58,17 @@ from course_lib._launch import launch
 from course_lib.hardware import bandwidth_per_sm
 from course_lib.hardware import sm_count as _sm_count
 from course_lib.kernels.attention_common import LN2, LOG2E, _tile_mask, cdiv, next_pow2
-from course_lib.kernels.band import _band_bounds, _join_sink, _variant_scores
+from course_lib.kernels.band import (
+    _band_bounds,
+    _head_values,
+    _join_sink,
+    _key_limits,
+    _sink_logit,
+    _variant_scores,
+    variant_args,
+)
 from course_lib.kernels.decode_merge import _decode_merge_kernel, _merge_row
+from course_lib.masks import Variant
 
 MAX_SPLITS = 256
 PROGRAMS_PER_SM = 1  # the split count's aim: one wave of one program per SM (choose_num_splits)
@@ -97,17 +107,16 @@ def _decode_split_kernel(
     Q, K, V, SEQLENS, BLOCK_TABLE, OUT, LSE_OUT,  # these 14 first: what a bound launch takes anew
     stride_kb, stride_kh, stride_kn,  # contiguous: (B, H_kv, N) strides; paged: (block, head, slot)
     stride_vb, stride_vh, stride_vn, N_MAX,
-    ALIBI, SINKS,  # the variants' slopes and sinks (fp32): free too in a launch that has them
+    VARIANT,  # the call's variants (``band.variant_args``; right = 0: the decode is causal)
     O_PART, LSE_PART, ARRIVED, stride_qb, stride_qh, stride_qm,
     stride_btb,
     stride_ob, stride_oh, stride_om,
-    qk_scale, H, NUM_BLOCKS, sm_scale, softcap, LEFT, stride_alibi_b,
+    qk_scale, H, NUM_BLOCKS, sm_scale,
     N_Q: tl.constexpr, GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQLENS: tl.constexpr,
     IEEE_DOT: tl.constexpr, FUSED_MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
     CHUNK: tl.constexpr, INTERLEAVED: tl.constexpr, WINDOW: tl.constexpr = False,
-    HAS_SOFTCAP: tl.constexpr = False, HAS_ALIBI: tl.constexpr = False,
     HAS_SINKS: tl.constexpr = False,
 ):
     split = tl.program_id(0)
@@ -122,7 +131,8 @@ def _decode_split_kernel(
     else:
         seqlen = N_MAX
     if WINDOW:  # the splits share the band's keys [lo, seqlen), whole tiles from lo's
-        lo, _, _, _ = _band_bounds(0, N_Q, seqlen, LEFT, 0, N_Q, BLOCK_N)
+        lo, _, _, _ = _band_bounds(0, N_Q, seqlen, VARIANT, N_Q, BLOCK_N)
+        first_key, _ = _key_limits(seqlen - N_Q, seqlen, VARIANT)  # of the first query
     else:
         lo = 0
     if INTERLEAVED:  # tiles dealt round-robin: split s owns tiles s, s + S, s + 2S, ...
@@ -146,6 +156,8 @@ def _decode_split_kernel(
     d_ok = offs_d[None, :] < HEAD_DIM
     # Causal, bottom-right aligned: query i sees keys n <= seqlen - N_Q + i.
     last_key = seqlen - N_Q + qi  # (BLOCK_M,)
+    if WINDOW:  # ... and no key before j_lo
+        j_lo, _ = _key_limits(last_key, seqlen, VARIANT)
 
     # Partial results are stored per (b, head, i, split): row id (b·H + head)·N_Q + i.
     part_row = (b * H + head) * N_Q + qi  # (BLOCK_M,)
@@ -160,9 +172,8 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
-    slope = 0.0
-    if HAS_ALIBI:  # each row's head's slope, as a column: (BLOCK_M, 1)
-        slope = tl.load(ALIBI + b * stride_alibi_b + head, mask=row_ok, other=0.0)[:, None]
+    head_ok = tl.where(row_ok, head, 0)  # (rows past the group's: head 0, never stored)
+    head_values = _head_values(VARIANT, b, head_ok[:, None])  # a column: (ALiBi's slopes)
 
     if PAGED:
         k_base = K + g * stride_kh
@@ -176,7 +187,7 @@ def _decode_split_kernel(
         offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) logical key positions
         n_ok = offs_n < end
         if WINDOW:  # no key before the band is loaded, not even in its first tile
-            n_ok = n_ok & (offs_n >= seqlen - N_Q - LEFT)
+            n_ok = n_ok & (offs_n >= first_key)
         if PAGED:
             # logical token n -> (physical block, slot): the block table is the page table
             block = tl.load(bt_base + offs_n // PAGE_SIZE, mask=n_ok, other=0).to(tl.int64)
@@ -192,12 +203,12 @@ def _decode_split_kernel(
         v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
 
         s = tl.dot(q, tl.trans(k), input_precision="ieee" if IEEE_DOT else None)
-        s = _variant_scores(s, qi, offs_n, seqlen - N_Q, sm_scale, softcap, slope, HAS_SOFTCAP,
-                            HAS_ALIBI)  # the cap and the ALiBi bias, if any (in q·k's units)
+        s = _variant_scores(s, last_key, offs_n, sm_scale, VARIANT, head_values)[0]  # the cap
+        # and the ALiBi bias, if any (in q·k's units)
         s = s * qk_scale  # (BLOCK_M, BLOCK_N), base-2 logits
         visible = offs_n[None, :] <= last_key[:, None]  # causal and in range (n < seqlen)
-        if WINDOW:  # and no further back than LEFT keys
-            visible = visible & (offs_n[None, :] >= last_key[:, None] - LEFT)
+        if WINDOW:  # and no further back than the window's left side
+            visible = visible & (offs_n[None, :] >= j_lo[:, None])
         s = tl.where(visible, s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -209,8 +220,8 @@ def _decode_split_kernel(
                                             input_precision="ieee" if IEEE_DOT else None)
         m_i = m_new
 
-    if HAS_SINKS and NUM_SPLITS == 1:  # e^{sink} joins the denominator, with no value
-        acc, m_i, l_i = _join_sink(acc, m_i, l_i, tl.load(SINKS + head, mask=row_ok, other=0.0))
+    if NUM_SPLITS == 1:  # with sinks, e^{sink} joins the denominator, with no value
+        acc, m_i, l_i = _join_sink(acc, m_i, l_i, VARIANT, head_ok)
     # A split with no visible key (past a short sequence's end, or before a causal row's first
     # key) has l = 0: it stores lse = -inf and o = 0, and weighs nothing in the merge.
     has_keys = l_i > 0.0
@@ -237,7 +248,7 @@ def _decode_split_kernel(
                 for r in range(m_tile * BLOCK_M, rows_end):
                     head_r = g * GROUP + r // N_Q
                     qi_r = r % N_Q
-                    sink_r = tl.load(SINKS + head_r) if HAS_SINKS else 0.0
+                    sink_r = _sink_logit(VARIANT, head_r)
                     _merge_row(O_PART, LSE_PART, (b * H + head_r) * N_Q + qi_r,
                                OUT + b.to(tl.int64) * stride_ob + head_r * stride_oh
                                + qi_r * stride_om, LSE_OUT, sink_r,
@@ -347,15 +358,14 @@ class SplitPlan:
     lse_part: torch.Tensor | None
     arrived: torch.Tensor | None
     interleaved: bool = False  # tiles dealt to the splits round-robin (``make_plan``)
-    window: tuple = (-1, 0)  # the variants' (left, 0), and softcap (0.0: none): ``make_plan``
-    softcap: float = 0.0
+    window: tuple = (-1, 0)  # the variants' window (left, 0): ``make_plan``
 
 
 def make_plan(B: int, H: int, H_kv: int, N_q: int, D: int, n_max: int, device, *,
               num_splits: int | None = None, config: dict | None = None, paged: bool = False,
               page_size: int = 1, num_blocks: int = 1, sm_count: int | None = None,
               merge: str = "auto", interleaved: bool | None = None,
-              window: tuple = (-1, 0), softcap: float = 0.0) -> SplitPlan:
+              window: tuple = (-1, 0)) -> SplitPlan:
     """A ``SplitPlan`` for caches of at most ``n_max`` keys (inputs already validated), with the
     variants' ``window`` (left, 0) and ``softcap``: a window bounds the work a sequence's splits
     share to left + N_q keys, and the split count and config are chosen for that.
@@ -377,7 +387,7 @@ def make_plan(B: int, H: int, H_kv: int, N_q: int, D: int, n_max: int, device, *
                                        max_splits=INTERPRET_MAX_SPLITS if INTERPRET else MAX_SPLITS)
     plan = SplitPlan(B, H, H_kv, N_q, D, n_max, paged, page_size, num_blocks, num_splits,
                      block_m, m_tiles, cfg, merge, o_part=None, lse_part=None, arrived=None,
-                     window=tuple(window), softcap=float(softcap))
+                     window=tuple(window))
     plan.interleaved = (num_splits >= INTERLEAVE_MIN_SPLITS
                         and cdiv(n_work, cfg["BLOCK_N"]) >= INTERLEAVE_MIN_TILES
                         if interleaved is None else interleaved)
@@ -395,18 +405,19 @@ def capturing() -> bool:
     return not INTERPRET and torch._C._cuda_isCurrentStreamCapturing()  # (no Python wrapper)
 
 
-# A bound launch of the split kernel (course_lib._launch.bind) takes its first 14 arguments anew:
-# the addresses of q, k, v, seqlens, block_table, out, lse, the cache's 6 strides, N_MAX (and
-# where it has ALiBi slopes or sinks, the 2 of ``variant_tensors``).
-SPLIT_FREE = 14
+# A bound launch of the split kernel (course_lib._launch.bind) takes its first 15 arguments anew:
+# the addresses of q, k, v, seqlens, block_table, out, lse, the cache's 6 strides, N_MAX and
+# VARIANT, its tensors as addresses (``variant_addresses``).
+SPLIT_FREE = 15
 
 
-def variant_tensors(alibi_slopes, sinks) -> tuple:
-    """(ALIBI, SINKS) of the split kernel where either is given (it stands in for the other)."""
-    if alibi_slopes is None and sinks is None:
-        return ()
-    return (sinks if alibi_slopes is None else alibi_slopes,
-            alibi_slopes if sinks is None else sinks)
+def variant_addresses(variant: Variant) -> tuple:
+    """(VARIANT with each tensor as its address, whether every such address is 16-byte
+    aligned): what a bound split launch takes for VARIANT."""
+    values = variant_args(variant)[0]
+    addresses = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in values)
+    return addresses, all(not a & 15 for a, t in zip(addresses, values)
+                          if isinstance(t, torch.Tensor))
 
 
 def cache_geometry(paged: bool, k, v) -> tuple:
@@ -418,14 +429,17 @@ def cache_geometry(paged: bool, k, v) -> tuple:
 
 
 def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, out, lse,
-             bind: bool = False, n_max: int | None = None, alibi_slopes=None, sinks=None):
+             bind: bool = False, n_max: int | None = None, variant: Variant | None = None):
     """A decode step into ``out`` (B, H, N_q, D) and ``lse`` (B, H, N_q): one launch (one split,
     or the fused merge) or two (then the merge kernel). ``k``, ``v``: (B, H_kv, N, D), or pages
     (num_blocks, block_size, H_kv, D) with ``block_table``; ``seqlens`` (B,) int32 or None.
     ``bind=True`` returns the launches bound to all but ``SPLIT_FREE`` (or None): call the first
-    as ``launch(*addresses, *cache_geometry(paged, k, v), n_max, *variant_addresses)``.
-    ``n_max``: the cache's length where it is shorter than the plan's (a plan serves a range of
-    lengths). ``alibi_slopes`` (H,) or (B, H), ``sinks`` (H,): contiguous fp32, or None."""
+    as ``launch(*addresses, *cache_geometry(paged, k, v), n_max, variant_addresses(variant)[0])``.
+    ``n_max``: the cache's length
+    where it is shorter than the plan's (a plan serves a range of lengths). ``variant``: checked,
+    with the plan's window, its tensors contiguous (None: plain causal attention)."""
+    variant = variant or Variant(plan.window)
+    sinks = variant.sinks
     sq, so = q.stride(), out.stride()
     stride_bt = block_table.stride(0) if plan.paged else 0
     cfg, B, H, N_q, D, S = plan.config, plan.B, plan.H, plan.N_q, plan.D, plan.num_splits
@@ -433,8 +447,7 @@ def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, ou
     fused = plan.merge == "fused" or plan.merge == "auto" and not capturing()  # (``MERGES``)
     block_s = next_pow2(S)
     chunk = min(MERGE_CHUNK, block_s)  # one chunking for both merges: the same sums
-    tensors = variant_tensors(alibi_slopes, sinks)  # (ALIBI, SINKS) or ()
-    go = functools.partial(bind_launch, SPLIT_FREE + len(tensors)) if bind else launch
+    go = functools.partial(bind_launch, SPLIT_FREE) if bind else launch
     # One split never touches the scratch buffers (NUM_SPLITS == 1 is a compiled variant of its
     # own): lse stands in for them, so a plan of one split holds no tensor at all.
     o_part, lse_part, arrived = ((lse, lse, lse) if S == 1 else
@@ -442,16 +455,13 @@ def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, ou
     split = go(_decode_split_kernel, (S, B * plan.H_kv, plan.m_tiles),
                q, k, v, seqlens if has_seqlens else q, block_table if plan.paged else q,
                out, lse, *cache_geometry(plan.paged, k, v), plan.n_max if n_max is None else n_max,
-               *(tensors or (q, q)), o_part, lse_part, arrived, sq[0], sq[1], sq[2], stride_bt,
-               so[0], so[1], so[2], sm_scale * LOG2E.value, H, plan.num_blocks, sm_scale,
-               plan.softcap or 1.0, plan.window[0],
-               H if alibi_slopes is not None and alibi_slopes.ndim == 2 else 0,
-               N_Q=N_q, GROUP=H // plan.H_kv, NUM_SPLITS=S, HEAD_DIM=D,
+               variant_args(variant)[0], o_part, lse_part, arrived, sq[0], sq[1], sq[2],
+               stride_bt, so[0], so[1], so[2], sm_scale * LOG2E.value, H, plan.num_blocks,
+               float(sm_scale), N_Q=N_q, GROUP=H // plan.H_kv, NUM_SPLITS=S, HEAD_DIM=D,
                BLOCK_M=plan.block_m, BLOCK_N=cfg["BLOCK_N"], PAGED=plan.paged,
                PAGE_SIZE=plan.page_size, HAS_SEQLENS=has_seqlens,
                IEEE_DOT=q.dtype == torch.float32, FUSED_MERGE=fused, BLOCK_S=block_s,
-               CHUNK=chunk, INTERLEAVED=plan.interleaved, WINDOW=plan.window[0] >= 0,
-               HAS_SOFTCAP=plan.softcap > 0, HAS_ALIBI=alibi_slopes is not None,
+               CHUNK=chunk, INTERLEAVED=plan.interleaved, WINDOW=variant.window[0] >= 0,
                HAS_SINKS=sinks is not None, num_warps=cfg["num_warps"],
                num_stages=cfg["num_stages"])
     launches = [split]

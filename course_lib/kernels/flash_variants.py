@@ -52,6 +52,7 @@ from course_lib.kernels.attention_common import (
 from course_lib.kernels.band import (  # noqa: F401 (re-exported: lesson 15 prints them)
     GPU_TANH,
     _band_bounds,
+    _head_values,
     _join_sink,
     _key_limits,
     _sequence,
@@ -60,14 +61,14 @@ from course_lib.kernels.band import (  # noqa: F401 (re-exported: lesson 15 prin
     variant_args,
 )
 from course_lib.kernels.flash_v2 import PORTABLE_CONFIGS, _cfg, keep_config_for_head_dim
-from course_lib.validate import Variant
+from course_lib.masks import Variant
 
 
 @triton.jit
 def _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, d_ok,
-                    lo, hi, N_K, q_offset, sm_scale, softcap, slope, j_lo, j_hi,
-                    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                    HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr, PAD_D: tl.constexpr):
+                    lo, hi, N_K, q_offset, sm_scale, VARIANT, head_values, j_lo, j_hi,
+                    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    PAD_D: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
@@ -76,8 +77,8 @@ def _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs
         rows_ok = offs_n[:, None] < N_K
         k = _load_tile(k_ptrs, rows_ok, d_ok, MASKED, PAD_D)  # no mask where the band is full
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
-        s = _variant_scores(qk, offs_m, offs_n, q_offset, sm_scale, softcap, slope,
-                            HAS_SOFTCAP, HAS_ALIBI, GPU_TANH and DOT_PRECISION != "ieee")
+        s = _variant_scores(qk, offs_m + q_offset, offs_n, sm_scale, VARIANT, head_values,
+                           GPU_TANH and DOT_PRECISION != "ieee")[0]
         # the band (masked tiles only): p − left <= j <= p + right and j < N_K
         valid = (offs_n[None, :] >= j_lo[:, None]) & (offs_n[None, :] <= j_hi[:, None])
         p_tile, m_i, l_i, acc = _online_softmax_step(s, m_i, l_i, acc, valid,
@@ -89,17 +90,18 @@ def _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs
 
 @triton.jit
 def _flash_fwd_variants_kernel(
-    Q, K, V, O, LSE, ALIBI, SINKS, CU_Q, CU_K,
+    Q, K, V, O, LSE, CU_Q, CU_K,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
-    stride_ob, stride_oh, stride_om, stride_lse_b, stride_lse_h, stride_alibi_b,
-    sm_scale, softcap, LEFT, RIGHT, H, GROUP, N_Q, N_K, N_BUCKET,
+    stride_ob, stride_oh, stride_om, stride_lse_b, stride_lse_h,
+    VARIANT, sm_scale, H, GROUP, N_Q, N_K, N_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    LONGEST_FIRST: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_SINKS: tl.constexpr, DOT_PRECISION: tl.constexpr, STORE_LSE: tl.constexpr = True,
-    VARLEN: tl.constexpr = False,
+    LONGEST_FIRST: tl.constexpr, VARIANT_KIND: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    STORE_LSE: tl.constexpr = True, VARLEN: tl.constexpr = False,
 ):
+    """``VARIANT``: the call's variants (``band.variant_args``); ``VARIANT_KIND`` which of them
+    it has, for the autotuner's key."""
     pid_m, pid_bh, b, h, h_kv = _q_block_program(H, GROUP, LONGEST_FIRST)
     start_m = pid_m * BLOCK_M
     HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)
@@ -116,16 +118,14 @@ def _flash_fwd_variants_kernel(
     if PAD_D:
         m_ok = m_ok & d_ok
     q = tl.load(q_base + offs_m[:, None] * stride_qm + offs_d[None, :], mask=m_ok, other=0.0)
-    slope = 0.0
-    if HAS_ALIBI:
-        slope = tl.load(ALIBI + b.to(tl.int64) * stride_alibi_b + h).to(tl.float32)
+    head_values = _head_values(VARIANT, b, h)  # (ALiBi's slope)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
     q_offset = N_K - N_Q
-    lo, full_lo, full_hi, hi = _band_bounds(start_m, N_Q, N_K, LEFT, RIGHT, BLOCK_M, BLOCK_N)
-    j_lo, j_hi = _key_limits(offs_m + q_offset, N_K, LEFT, RIGHT)
+    lo, full_lo, full_hi, hi = _band_bounds(start_m, N_Q, N_K, VARIANT, BLOCK_M, BLOCK_N)
+    j_lo, j_hi = _key_limits(offs_m + q_offset, N_K, VARIANT)
     if VARLEN:  # a block past its sequence's end (the grid covers the longest): nothing to do
         past = start_m >= N_Q
         full_lo = tl.where(past, lo, full_lo)
@@ -134,18 +134,18 @@ def _flash_fwd_variants_kernel(
     # the band's left edge (masked), the blocks every row sees (no mask), the right edge (masked)
     acc, m_i, l_i = _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
                                     offs_m, offs_d, d_ok, lo, full_lo, N_K, q_offset, sm_scale,
-                                    softcap, slope, j_lo, j_hi, BLOCK_N, True, HAS_SOFTCAP,
-                                    HAS_ALIBI, DOT_PRECISION, PAD_D)
+                                    VARIANT, head_values, j_lo, j_hi, BLOCK_N, True,
+                                    DOT_PRECISION, PAD_D)
     acc, m_i, l_i = _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
                                     offs_m, offs_d, d_ok, full_lo, full_hi, N_K, q_offset,
-                                    sm_scale, softcap, slope, j_lo, j_hi, BLOCK_N, False,
-                                    HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAD_D)
+                                    sm_scale, VARIANT, head_values, j_lo, j_hi, BLOCK_N, False,
+                                    DOT_PRECISION, PAD_D)
     acc, m_i, l_i = _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
                                     offs_m, offs_d, d_ok, full_hi, hi, N_K, q_offset, sm_scale,
-                                    softcap, slope, j_lo, j_hi, BLOCK_N, True, HAS_SOFTCAP,
-                                    HAS_ALIBI, DOT_PRECISION, PAD_D)
-    if HAS_SINKS:  # one more term of the denominator, e^{sink}, with no value
-        acc, m_i, l_i = _join_sink(acc, m_i, l_i, tl.load(SINKS + h).to(tl.float32))
+                                    VARIANT, head_values, j_lo, j_hi, BLOCK_N, True,
+                                    DOT_PRECISION, PAD_D)
+    # with sinks: one more term of the denominator, e^{sink}, with no value
+    acc, m_i, l_i = _join_sink(acc, m_i, l_i, VARIANT, h)
 
     o, lse = _epilogue(acc, m_i, l_i)
     o_base = O + b.to(tl.int64) * stride_ob + q_start * stride_om + h.to(tl.int64) * stride_oh
@@ -163,8 +163,7 @@ VARIANT_CONFIGS = [_cfg(128, 64, 8, 3), *PORTABLE_CONFIGS]
 
 _variants_tuned = triton.autotune(
     configs=VARIANT_CONFIGS,
-    key=["N_BUCKET", "HEAD_DIM", "LONGEST_FIRST", "HAS_SOFTCAP", "HAS_ALIBI", "HAS_SINKS",
-         "DOT_PRECISION", "GROUP"],
+    key=["N_BUCKET", "HEAD_DIM", "LONGEST_FIRST", "VARIANT_KIND", "DOT_PRECISION", "GROUP"],
     prune_configs_by={"early_config_prune": keep_config_for_head_dim},
 )(_flash_fwd_variants_kernel)
 
@@ -174,11 +173,11 @@ def _launch(q, k, v, o, lse, sm_scale, variant, B, N_Q, N_K, strides, cu=None):
     v's and o's (batch, head, row), then lse's (batch, head); ``cu``: the packed offsets."""
     H, H_KV, D = q.shape[1], k.shape[1], q.shape[-1]  # (B, H, N, D), or packed (total, H, D)
     lse_arg = o if lse is None else lse  # (never written without STORE_LSE)
-    tensors, scalars, window, meta = variant_args(variant, sm_scale, lse_arg)
-    args = (q, k, v, o, lse_arg, *tensors, *(cu or (lse_arg, lse_arg)), *strides, *scalars,
-            *window, H, H // H_KV, N_Q, N_K, next_pow2(max(N_Q, N_K)))
-    meta.update(HEAD_DIM=D, DOT_PRECISION=dot_precision(q.dtype), STORE_LSE=lse is not None,
-                VARLEN=bool(cu))
+    values, kind = variant_args(variant)
+    args = (q, k, v, o, lse_arg, *(cu or (lse_arg, lse_arg)), *strides, values, float(sm_scale),
+            H, H // H_KV, N_Q, N_K, next_pow2(max(N_Q, N_K)))
+    meta = dict(HEAD_DIM=D, LONGEST_FIRST=tuple(variant.window) == (-1, 0), VARIANT_KIND=kind,
+                DOT_PRECISION=dot_precision(q.dtype), STORE_LSE=lse is not None, VARLEN=bool(cu))
     config = keep_config_for_head_dim(VARIANT_CONFIGS, {"HEAD_DIM": D})[0]
     launch(_flash_fwd_variants_kernel, lambda bm: (cdiv(N_Q, bm), B * H), args, meta, config,
            _variants_tuned if args[-1] >= AUTOTUNE_MIN_N else None)
@@ -186,7 +185,7 @@ def _launch(q, k, v, o, lse, sm_scale, variant, B, N_Q, N_K, strides, cu=None):
 
 def forward_variants(q, k, v, sm_scale: float, variant: Variant, out=None, store_lse=True):
     """(o, lse) of validated inputs: q (B, H, N_q, D); k, v (B, H_kv, N_k, D); ``variant``
-    checked (``course_lib.validate.check_variants``: the window normalised, causal included as
+    checked (``course_lib.masks.check_variants``: the window normalised, causal included as
     right = 0). ``out``: preallocated (o, lse); lse is None without ``store_lse``."""
     B, H, N_Q, _ = q.shape
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))

@@ -5,9 +5,10 @@ forward's two changes (``flash_variants.py``):
 
 1. **Which blocks a program visits.** A dQ program visits the key blocks ``_band_bounds`` names,
    as the forward does; a dK/dV program, the transpose: the query rows that see any or all of its
-   keys (``_band_rows``, the jit twin of ``course_lib.masks.block_row_range``).
+   keys (``band._band_rows``, the jit twin of ``course_lib.masks.block_row_range``).
 2. **The scores' derivative.** P is recomputed from the forward's lse exactly as the forward
-   made it (``_bwd_scores``), and dS = P ∘ (dP − delta), delta_i = dO_i · O_i, is the gradient of
+   made it (``band._variant_scores``, which also returns the factor below; ``band._chain``
+   applies it), and dS = P ∘ (dP − delta), delta_i = dO_i · O_i, is the gradient of
    the loss with respect to the final score s = c·tanh(sm_scale·q·k / c) − slope·|p − j|. Then
 
        softcap:  ∂s/∂(sm_scale·q·k) = 1 − tanh²(sm_scale·q·k / c)   (dS is multiplied by it)
@@ -43,53 +44,24 @@ import triton.language as tl
 from course_lib._device import refuse_bf16_in_interpreter
 from course_lib.kernels import band
 from course_lib.kernels.attention_common import LOG2E, _load_tile, _q_block_program, _tile_mask
-from course_lib.kernels.band import GPU_TANH, _band_bounds, _key_limits, _sequence, _tanh
+from course_lib.kernels.band import (
+    GPU_TANH,
+    _band_bounds,
+    _band_rows,
+    _chain,
+    _head_values,
+    _key_limits,
+    _sequence,
+    _variant_scores,
+)
 from course_lib.kernels.flash_bwd import DKDV_CONFIGS, DQ_CONFIGS, BwdConfig, _autotuned, _gradients
-from course_lib.validate import Variant
-
-
-@triton.jit
-def _band_rows(start_n, N_Q, N_K, LEFT, RIGHT, BLOCK_N: tl.constexpr, MASK_BLOCK_M: tl.constexpr,
-               BLOCK_M: tl.constexpr):
-    """The query rows that see a key of the block [start_n, start_n + BLOCK_N), (lo, full_lo,
-    full_hi, hi): [full_lo, full_hi) unmasked in BLOCK_M steps, the rest masked in MASK_BLOCK_M
-    steps. Query i, at key position p = i + N_K − N_Q, sees key j if j − right <= p <= j + left."""
-    offset = N_K - N_Q
-    last = tl.minimum(start_n + BLOCK_N, N_K) - 1  # the block's last real key
-    lo = tl.where(RIGHT >= 0, tl.maximum(start_n - RIGHT - offset, 0), 0)
-    hi = tl.where(LEFT >= 0, tl.minimum(last + LEFT - offset + 1, N_Q), N_Q)
-    full_lo = tl.where(RIGHT >= 0, tl.maximum(last - RIGHT - offset, 0), 0)  # sees every key
-    full_hi = tl.where(LEFT >= 0, tl.minimum(start_n + LEFT - offset + 1, N_Q), N_Q)
-    full_hi = tl.where(start_n + BLOCK_N > N_K, full_lo, full_hi)  # a ragged block: all masked
-    lo = (lo // MASK_BLOCK_M) * MASK_BLOCK_M
-    hi = tl.where(start_n < N_K, tl.maximum(hi, lo), lo)  # no key here (varlen): no row
-    full_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo, MASK_BLOCK_M) * MASK_BLOCK_M, lo), hi)
-    full_hi = full_lo + tl.maximum(tl.minimum(full_hi, hi) - full_lo, 0) // BLOCK_M * BLOCK_M
-    return lo, full_lo, full_hi, hi
-
-
-@triton.jit
-def _bwd_scores(qk, pos_a, pos_b, sm_scale, softcap, slope, HAS_SOFTCAP: tl.constexpr,
-                HAS_ALIBI: tl.constexpr, FAST_TANH: tl.constexpr):
-    """The forward's scores in q·k's units (``band._variant_scores``) and, with a softcap, the
-    factor 1 − tanh² that dS is multiplied by. ``pos_a``, ``pos_b``: the key positions along the
-    tile's rows and columns (p = i + N_K − N_Q of queries, j of keys: S or Sᵀ), ALiBi's |p − j|."""
-    s = qk
-    dcap = qk
-    if HAS_SOFTCAP:
-        t = _tanh(qk * (sm_scale / softcap), FAST_TANH)
-        s = (softcap / sm_scale) * t
-        dcap = 1.0 - t * t
-    if HAS_ALIBI:
-        s = s - (slope / sm_scale) * tl.abs(pos_a[:, None] - pos_b[None, :]).to(tl.float32)
-    return s, dcap
+from course_lib.masks import Variant
 
 
 @triton.jit
 def _dkdv_rows(dk, dv, k, v, Q, DO, LSE2, Delta, stride_qm, offs_n, lo, hi, N_Q, N_K, q_offset,
-               sm_scale, softcap, slope, LEFT, RIGHT, BLOCK_M: tl.constexpr,
-               HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-               HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr):
+               sm_scale, VARIANT, head_values, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+               MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """dK (in units of sm_scale) and dV of one key block over the query rows [lo, hi) of one
     head, transposed (keys along the rows) as lesson 10's ``_bwd_dkdv_inner``; Q, DO, LSE2, Delta
     point at the head's (sequence's) first row, Q's and DO's rows stride_qm rows of D apart."""
@@ -111,11 +83,11 @@ def _dkdv_rows(dk, dv, k, v, Q, DO, LSE2, Delta, stride_qm, offs_n, lo, hi, N_Q,
         else:
             lse2 = tl.load(LSE2 + offs_m)
         qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M) = K Qᵀ
-        sT, dcapT = _bwd_scores(qkT, offs_n, offs_m + q_offset, sm_scale, softcap, slope,
-                                HAS_SOFTCAP, HAS_ALIBI, GPU_TANH and DOT_PRECISION != "ieee")
+        sT, factorT = _variant_scores(qkT, offs_n, offs_m + q_offset, sm_scale, VARIANT,
+                                      head_values, GPU_TANH and DOT_PRECISION != "ieee")
         pT = tl.math.exp2(sT * qk_scale - lse2[None, :])  # Pᵀ, recomputed from the lse
         if MASKED:  # the band, p − left <= j <= p + right and j < N_K, for each column
-            j_lo, j_hi = _key_limits(offs_m + q_offset, N_K, LEFT, RIGHT)
+            j_lo, j_hi = _key_limits(offs_m + q_offset, N_K, VARIANT)
             pT = tl.where((offs_n[:, None] >= j_lo[None, :]) & (offs_n[:, None] <= j_hi[None, :]),
                           pT, 0.0)
         do = _load_tile(DO + block + offs_i[:, None] * row + offs_d[None, :], in_m[:, None], d_ok,
@@ -126,22 +98,19 @@ def _dkdv_rows(dk, dv, k, v, Q, DO, LSE2, Delta, stride_qm, offs_n, lo, hi, N_Q,
             delta = tl.load(Delta + offs_m)
         dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # dV += Pᵀ dO
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M)
-        dsT = pT * (dpT - delta[None, :])  # dSᵀ = Pᵀ ∘ (dPᵀ − delta)
-        if HAS_SOFTCAP:
-            dsT = dsT * dcapT
+        dsT = _chain(pT * (dpT - delta[None, :]), factorT, VARIANT)  # dSᵀ = Pᵀ ∘ (dPᵀ − delta)
         dk = tl.dot(dsT.to(qT.dtype), tl.trans(qT), dk, input_precision=DOT_PRECISION)
     return dk, dv
 
 
 @triton.jit
 def _bwd_dkdv_variants_kernel(
-    Q, K, V, DO, LSE2, Delta, DK, DV, ALIBI, CU_Q, CU_K,
+    Q, K, V, DO, LSE2, Delta, DK, DV, CU_Q, CU_K,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_lb, stride_lh,
-    stride_alibi_b, split_rows,
-    sm_scale, softcap, LEFT, RIGHT, H, H_KV, N_Q, N_K, HEADS_PER_SPLIT, N_BUCKET,
+    split_rows, VARIANT, sm_scale, H, H_KV, N_Q, N_K, HEADS_PER_SPLIT, N_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASK_BLOCK_M: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MASK_BLOCK_M: tl.constexpr, VARIANT_KIND: tl.constexpr, VARLEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """Strides count rows of HEAD_DIM elements (every address a multiple of HEAD_DIM: a head dim
     like 40 keeps 16-byte loads): (0, 1, heads) packed, (heads·N, N, 1) in (B, heads, N, D). Row r
@@ -173,27 +142,25 @@ def _bwd_dkdv_variants_kernel(
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=acc_ty)
     q_offset = N_K - N_Q
     # the rows that see some key of this block: the same for every head of the group
-    lo, full_lo, full_hi, hi = _band_rows(start_n, N_Q, N_K, LEFT, RIGHT, BLOCK_N, MASK_BLOCK_M,
+    lo, full_lo, full_hi, hi = _band_rows(start_n, N_Q, N_K, VARIANT, BLOCK_N, MASK_BLOCK_M,
                                           BLOCK_M)
     for g in range(HEADS_PER_SPLIT):
         h = hk * group + split * HEADS_PER_SPLIT + g
         row0 = b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + q_start * stride_qm
         lrow = b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start
-        slope = 0.0
-        if HAS_ALIBI:
-            slope = tl.load(ALIBI + b.to(tl.int64) * stride_alibi_b + h).to(tl.float32)
+        head_values = _head_values(VARIANT, b, h)  # (ALiBi's slope)
         Qh, DOh = Q + row0 * HEAD_DIM, DO + row0 * HEAD_DIM
         LSE2h, Deltah = LSE2 + lrow, Delta + lrow
         # the rows at the band's left edge (masked), those that see every key, the right edge
         dk, dv = _dkdv_rows(dk, dv, k, v, Qh, DOh, LSE2h, Deltah, stride_qm, offs_n, lo, full_lo,
-                            N_Q, N_K, q_offset, sm_scale, softcap, slope, LEFT, RIGHT,
-                            MASK_BLOCK_M, HEAD_DIM, True, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+                            N_Q, N_K, q_offset, sm_scale, VARIANT, head_values, MASK_BLOCK_M,
+                            HEAD_DIM, True, DOT_PRECISION)
         dk, dv = _dkdv_rows(dk, dv, k, v, Qh, DOh, LSE2h, Deltah, stride_qm, offs_n, full_lo,
-                            full_hi, N_Q, N_K, q_offset, sm_scale, softcap, slope, LEFT, RIGHT,
-                            BLOCK_M, HEAD_DIM, False, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+                            full_hi, N_Q, N_K, q_offset, sm_scale, VARIANT, head_values, BLOCK_M,
+                            HEAD_DIM, False, DOT_PRECISION)
         dk, dv = _dkdv_rows(dk, dv, k, v, Qh, DOh, LSE2h, Deltah, stride_qm, offs_n, full_hi, hi,
-                            N_Q, N_K, q_offset, sm_scale, softcap, slope, LEFT, RIGHT,
-                            MASK_BLOCK_M, HEAD_DIM, True, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+                            N_Q, N_K, q_offset, sm_scale, VARIANT, head_values, MASK_BLOCK_M,
+                            HEAD_DIM, True, DOT_PRECISION)
     out = (split.to(tl.int64) * split_rows + kv_row) * HEAD_DIM
     tl.store(DK + out + kv_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=n_ok)
     tl.store(DV + out + kv_ptrs, dv.to(DV.dtype.element_ty), mask=n_ok)
@@ -201,9 +168,8 @@ def _bwd_dkdv_variants_kernel(
 
 @triton.jit
 def _dq_keys(dq, q, do, lse2, delta, K, V, stride_kn, offs_m, lo, hi, N_K, q_offset, sm_scale,
-             softcap, slope, j_lo, j_hi, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-             MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-             DOT_PRECISION: tl.constexpr):
+             VARIANT, head_values, j_lo, j_hi, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+             MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """dQ (in units of sm_scale) of one query block over the keys [lo, hi) of its K/V head; K and
     V point at the head's (sequence's) first key, their rows stride_kn rows of HEAD_DIM apart."""
     HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)
@@ -221,28 +187,26 @@ def _dq_keys(dq, q, do, lse2, delta, K, V, stride_kn, offs_m, lo, hi, N_K, q_off
         kT = _load_tile(K + block + kT_ptrs, in_n, dT_ok, MASKED, PAD_D)
         vT = _load_tile(V + block + kT_ptrs, in_n, dT_ok, MASKED, PAD_D)
         qk = tl.dot(q, kT, input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
-        s, dcap = _bwd_scores(qk, offs_m + q_offset, offs_n, sm_scale, softcap, slope,
-                              HAS_SOFTCAP, HAS_ALIBI, GPU_TANH and DOT_PRECISION != "ieee")
+        s, factor = _variant_scores(qk, offs_m + q_offset, offs_n, sm_scale, VARIANT,
+                                    head_values, GPU_TANH and DOT_PRECISION != "ieee")
         p = tl.math.exp2(s * qk_scale - lse2[:, None])
         if MASKED:  # the band, for each row (j_lo, j_hi: _key_limits)
             p = tl.where((offs_n[None, :] >= j_lo[:, None]) & (offs_n[None, :] <= j_hi[:, None]),
                          p, 0.0)
         dp = tl.dot(do, vT, input_precision=DOT_PRECISION)
-        ds = p * (dp - delta[:, None])
-        if HAS_SOFTCAP:
-            ds = ds * dcap
+        ds = _chain(p * (dp - delta[:, None]), factor, VARIANT)
         dq = tl.dot(ds.to(kT.dtype), tl.trans(kT), dq, input_precision=DOT_PRECISION)
     return dq
 
 
 @triton.jit
 def _bwd_dq_variants_kernel(
-    Q, K, V, DO, LSE2, Delta, DQ, ALIBI, CU_Q, CU_K,
+    Q, K, V, DO, LSE2, Delta, DQ, CU_Q, CU_K,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_lb, stride_lh,
-    stride_alibi_b, sm_scale, softcap, LEFT, RIGHT, H, H_KV, N_Q, N_K, N_BUCKET,
+    VARIANT, sm_scale, H, H_KV, N_Q, N_K, N_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASK_BLOCK_N: tl.constexpr, LONGEST_FIRST: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    HAS_ALIBI: tl.constexpr, VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MASK_BLOCK_N: tl.constexpr, LONGEST_FIRST: tl.constexpr, VARIANT_KIND: tl.constexpr,
+    VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Strides as ``_bwd_dkdv_variants_kernel``'s (DQ has Q's)."""
     pid_m, pid_bh, b, h, hk = _q_block_program(H, H // H_KV, LONGEST_FIRST)
@@ -264,29 +228,27 @@ def _bwd_dq_variants_kernel(
     delta = tl.load(Delta + lrow + offs_m, mask=in_m, other=0.0)
     kv_row = b.to(tl.int64) * stride_kb + hk.to(tl.int64) * stride_kh + k_start * stride_kn
     Kh, Vh = K + kv_row * HEAD_DIM, V + kv_row * HEAD_DIM
-    slope = 0.0
-    if HAS_ALIBI:
-        slope = tl.load(ALIBI + b.to(tl.int64) * stride_alibi_b + h).to(tl.float32)
+    head_values = _head_values(VARIANT, b, h)  # (ALiBi's slope)
     dq = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=Delta.dtype.element_ty)
     q_offset = N_K - N_Q
-    lo, full_lo, full_hi, hi = _band_bounds(start_m, N_Q, N_K, LEFT, RIGHT, BLOCK_M, MASK_BLOCK_N)
+    lo, full_lo, full_hi, hi = _band_bounds(start_m, N_Q, N_K, VARIANT, BLOCK_M, MASK_BLOCK_N)
     hi = tl.where(start_m < N_Q, hi, lo)  # a block past its sequence's end (varlen): no key
     full_lo = tl.minimum(full_lo, hi)
     full_hi = full_lo + tl.maximum(tl.minimum(full_hi, hi) - full_lo, 0) // BLOCK_N * BLOCK_N
-    j_lo, j_hi = _key_limits(offs_m + q_offset, N_K, LEFT, RIGHT)
+    j_lo, j_hi = _key_limits(offs_m + q_offset, N_K, VARIANT)
     dq = _dq_keys(dq, q, do, lse2, delta, Kh, Vh, stride_kn, offs_m, lo, full_lo, N_K, q_offset,
-                  sm_scale, softcap, slope, j_lo, j_hi, MASK_BLOCK_N, HEAD_DIM, True, HAS_SOFTCAP,
-                  HAS_ALIBI, DOT_PRECISION)
+                  sm_scale, VARIANT, head_values, j_lo, j_hi, MASK_BLOCK_N, HEAD_DIM, True,
+                  DOT_PRECISION)
     dq = _dq_keys(dq, q, do, lse2, delta, Kh, Vh, stride_kn, offs_m, full_lo, full_hi, N_K,
-                  q_offset, sm_scale, softcap, slope, j_lo, j_hi, BLOCK_N, HEAD_DIM, False,
-                  HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION)
+                  q_offset, sm_scale, VARIANT, head_values, j_lo, j_hi, BLOCK_N, HEAD_DIM, False,
+                  DOT_PRECISION)
     dq = _dq_keys(dq, q, do, lse2, delta, Kh, Vh, stride_kn, offs_m, full_hi, hi, N_K, q_offset,
-                  sm_scale, softcap, slope, j_lo, j_hi, MASK_BLOCK_N, HEAD_DIM, True, HAS_SOFTCAP,
-                  HAS_ALIBI, DOT_PRECISION)
+                  sm_scale, VARIANT, head_values, j_lo, j_hi, MASK_BLOCK_N, HEAD_DIM, True,
+                  DOT_PRECISION)
     tl.store(DQ + row0 * HEAD_DIM + q_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=m_ok)
 
 
-_KEY = ["N_BUCKET", "HEAD_DIM", "HAS_SOFTCAP", "HAS_ALIBI", "VARLEN", "DOT_PRECISION"]
+_KEY = ["N_BUCKET", "HEAD_DIM", "VARIANT_KIND", "VARLEN", "DOT_PRECISION"]
 _dkdv_tuned = _autotuned(_bwd_dkdv_variants_kernel, DKDV_CONFIGS, _KEY)
 _dq_tuned = _autotuned(_bwd_dq_variants_kernel, DQ_CONFIGS, _KEY + ["LONGEST_FIRST"])
 _STRIDES = ("stride_qb", "stride_qh", "stride_qm", "stride_kb", "stride_kh", "stride_kn",
@@ -304,17 +266,17 @@ def _backward(do, q, k, v, o, lse, sm_scale, variant, cu, N_q, N_k, config, spli
         strides_q, strides_k = (H * rows_q, rows_q, 1), (H_kv * rows_k, rows_k, 1)
     strides = (*strides_q, *strides_k, 0 if cu else H * rows_q, rows_q)
     refuse_bf16_in_interpreter(q, k, v, names=("q", "k", "v"))  # do is cast to q's dtype
-    (alibi, sinks), (alibi_b, sm_scale, softcap), (left, right), flags = band.variant_args(
-        variant, sm_scale, None)
+    values, kind = band.variant_args(variant)
     cu_q, cu_k = cu or (None, None)
     lse = lse.contiguous().reshape(B, H, rows_q)
     dq, dk, dv, delta = _gradients(
         (_bwd_dkdv_variants_kernel, _dkdv_tuned), (_bwd_dq_variants_kernel, _dq_tuned), q, k, v,
         o, do, lse, strides_q, len(cu_q) - 1 if cu else B, N_q, N_k, sm_scale, config, splits,
-        dict(zip(_STRIDES, strides), ALIBI=alibi, CU_Q=cu_q, CU_K=cu_k, stride_alibi_b=alibi_b,
-             split_rows=k.numel() // q.shape[-1], softcap=softcap, LEFT=left, RIGHT=right,
-             VARLEN=bool(cu), **flags))
+        dict(zip(_STRIDES, strides), CU_Q=cu_q, CU_K=cu_k, split_rows=k.numel() // q.shape[-1],
+             VARIANT=values, VARIANT_KIND=kind, VARLEN=bool(cu),
+             LONGEST_FIRST=tuple(variant.window) == (-1, 0)))
     dsinks = None
+    sinks = variant.sinks
     if sinks is not None:  # d sink_h = −Σ_i e^{sink_h − lse_i} delta_i, over batch and rows
         p_sink = torch.exp(sinks.to(delta.dtype)[None, :, None] - lse.to(delta.dtype))
         dsinks = -(p_sink * delta).sum((0, 2)).to(sinks.dtype)

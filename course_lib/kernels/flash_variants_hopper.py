@@ -52,20 +52,21 @@ from course_lib.kernels.attention_common import (
 from course_lib.kernels.band import (
     GPU_TANH,
     _band_bounds,
+    _head_values,
     _join_sink,
     _key_limits,
     _variant_scores,
     variant_args,
 )
 from course_lib.kernels.flash_v2_hopper import _cfg, _descriptors, _head_dim_class, tma_ready
-from course_lib.validate import Variant
+from course_lib.masks import Variant
 
 
 @triton.jit
 def _band_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m, lo, hi, q_offset, sm_scale,
-              softcap, slope, j_lo, j_hi, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-              MASKED: tl.constexpr, PINNED: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-              HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr, ROWSUM_MMA: tl.constexpr):
+              VARIANT, head_values, j_lo, j_hi, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+              MASKED: tl.constexpr, PINNED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+              ROWSUM_MMA: tl.constexpr):
     """The key blocks [lo, hi) of one query block. With PINNED, ``m_i`` is the pinned reference
     (log2 domain) and stays; else the running max. With MASKED, keys outside j_lo <= j <= j_hi
     count as −inf. With ROWSUM_MMA, ``l_i`` is (BLOCK_M, ROWSUM_COLS), summed as P @ ones."""
@@ -76,8 +77,8 @@ def _band_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m, lo, hi, q_offse
         k = desc_k.load([b, h_kv, start_n, 0]).reshape(BLOCK_N, HEAD_DIM)
         qk = tl.dot(q, k.T, input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        s = _variant_scores(qk, offs_m, offs_n, q_offset, sm_scale, softcap, slope, HAS_SOFTCAP,
-                            HAS_ALIBI, GPU_TANH and DOT_PRECISION != "ieee")
+        s = _variant_scores(qk, offs_m + q_offset, offs_n, sm_scale, VARIANT, head_values,
+                           GPU_TANH and DOT_PRECISION != "ieee")[0]
         valid = (offs_n[None, :] >= j_lo[:, None]) & (offs_n[None, :] <= j_hi[:, None])
         if PINNED:
             if MASKED:
@@ -102,11 +103,9 @@ def _band_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m, lo, hi, q_offse
 
 @triton.jit
 def _flash_fwd_variants_hopper_kernel(
-    desc_q, desc_k, desc_v, desc_o, LSE, ALIBI, SINKS,
-    stride_alibi_b, sm_scale, softcap, one, LEFT, RIGHT, H, GROUP, N_Q, N_K, N_BUCKET,
+    desc_q, desc_k, desc_v, desc_o, LSE, VARIANT, sm_scale, one, H, GROUP, N_Q, N_K, N_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    LONGEST_FIRST: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_SINKS: tl.constexpr, DOT_PRECISION: tl.constexpr, Q_IN_REGS: tl.constexpr = True,
+    LONGEST_FIRST: tl.constexpr, DOT_PRECISION: tl.constexpr, Q_IN_REGS: tl.constexpr = True,
     ROWSUM_MMA: tl.constexpr = False, PINNED_MAX: tl.constexpr = False,
     STORE_LSE: tl.constexpr = True,
 ):
@@ -116,35 +115,32 @@ def _flash_fwd_variants_hopper_kernel(
     q = desc_q.load([b, h, start_m, 0]).reshape(BLOCK_M, HEAD_DIM)  # rows past N_Q are zeros
     if Q_IN_REGS:  # (lesson 09: a computed q lives in registers, wgmma's "RS" form)
         q = (q * one).to(desc_q.dtype)
-    slope = 0.0
-    if HAS_ALIBI:
-        slope = tl.load(ALIBI + b.to(tl.int64) * stride_alibi_b + h).to(tl.float32)
+    head_values = _head_values(VARIANT, b, h)  # (ALiBi's slope)
     q_offset = N_K - N_Q
-    lo, full_lo, full_hi, hi = _band_bounds(start_m, N_Q, N_K, LEFT, RIGHT, BLOCK_M, BLOCK_N)
-    j_lo, j_hi = _key_limits(offs_m + q_offset, N_K, LEFT, RIGHT)
+    lo, full_lo, full_hi, hi = _band_bounds(start_m, N_Q, N_K, VARIANT, BLOCK_M, BLOCK_N)
+    j_lo, j_hi = _key_limits(offs_m + q_offset, N_K, VARIANT)
     acc, m_i, l_i = _fresh_state(BLOCK_M, HEAD_DIM, ROWSUM_MMA)
-    PIN: tl.constexpr = PINNED_MAX and not HAS_ALIBI
     redo = full_hi <= full_lo  # no key block that every row sees in full: the running max
-    if PIN:
+    if PINNED_MAX:
         if full_hi > full_lo:
             pin = full_hi - BLOCK_N  # the full block nearest the diagonal sets the reference
             acc, m_i, l_i = _band_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m, pin,
-                                      full_hi, q_offset, sm_scale, softcap, slope, j_lo, j_hi,
-                                      HEAD_DIM, BLOCK_N, False, False, HAS_SOFTCAP, HAS_ALIBI,
-                                      DOT_PRECISION, ROWSUM_MMA)
+                                      full_hi, q_offset, sm_scale, VARIANT, head_values, j_lo,
+                                      j_hi, HEAD_DIM, BLOCK_N, False, False, DOT_PRECISION,
+                                      ROWSUM_MMA)
             # the rest of the band against it, in any order (nothing is rescaled)
             acc, m_i, l_i = _band_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m, lo,
-                                      full_lo, q_offset, sm_scale, softcap, slope, j_lo, j_hi,
-                                      HEAD_DIM, BLOCK_N, True, True, HAS_SOFTCAP, HAS_ALIBI,
-                                      DOT_PRECISION, ROWSUM_MMA)
+                                      full_lo, q_offset, sm_scale, VARIANT, head_values, j_lo,
+                                      j_hi, HEAD_DIM, BLOCK_N, True, True, DOT_PRECISION,
+                                      ROWSUM_MMA)
             acc, m_i, l_i = _band_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m,
-                                      full_lo, pin, q_offset, sm_scale, softcap, slope, j_lo,
-                                      j_hi, HEAD_DIM, BLOCK_N, False, True, HAS_SOFTCAP,
-                                      HAS_ALIBI, DOT_PRECISION, ROWSUM_MMA)
+                                      full_lo, pin, q_offset, sm_scale, VARIANT, head_values,
+                                      j_lo, j_hi, HEAD_DIM, BLOCK_N, False, True, DOT_PRECISION,
+                                      ROWSUM_MMA)
             acc, m_i, l_i = _band_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m,
-                                      full_hi, hi, q_offset, sm_scale, softcap, slope, j_lo,
-                                      j_hi, HEAD_DIM, BLOCK_N, True, True, HAS_SOFTCAP,
-                                      HAS_ALIBI, DOT_PRECISION, ROWSUM_MMA)
+                                      full_hi, hi, q_offset, sm_scale, VARIANT, head_values,
+                                      j_lo, j_hi, HEAD_DIM, BLOCK_N, True, True, DOT_PRECISION,
+                                      ROWSUM_MMA)
             # P overflowed (inf; NaN fails the test too): again, with the running max
             redo = tl.max(tl.where(tl.abs(acc) < float("inf"), 0, 1)) > 0
     else:
@@ -153,21 +149,18 @@ def _flash_fwd_variants_hopper_kernel(
         acc, m_i, l_i = _fresh_state(BLOCK_M, HEAD_DIM, ROWSUM_MMA)
         # the band's left edge (masked), the blocks every row sees (no mask), the right edge
         acc, m_i, l_i = _band_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m, lo, full_lo,
-                                  q_offset, sm_scale, softcap, slope, j_lo, j_hi, HEAD_DIM,
-                                  BLOCK_N, True, False, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION,
-                                  ROWSUM_MMA)
+                                  q_offset, sm_scale, VARIANT, head_values, j_lo, j_hi, HEAD_DIM,
+                                  BLOCK_N, True, False, DOT_PRECISION, ROWSUM_MMA)
         acc, m_i, l_i = _band_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m, full_lo,
-                                  full_hi, q_offset, sm_scale, softcap, slope, j_lo, j_hi,
-                                  HEAD_DIM, BLOCK_N, False, False, HAS_SOFTCAP, HAS_ALIBI,
-                                  DOT_PRECISION, ROWSUM_MMA)
+                                  full_hi, q_offset, sm_scale, VARIANT, head_values, j_lo, j_hi,
+                                  HEAD_DIM, BLOCK_N, False, False, DOT_PRECISION, ROWSUM_MMA)
         acc, m_i, l_i = _band_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m, full_hi, hi,
-                                  q_offset, sm_scale, softcap, slope, j_lo, j_hi, HEAD_DIM,
-                                  BLOCK_N, True, False, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION,
-                                  ROWSUM_MMA)
+                                  q_offset, sm_scale, VARIANT, head_values, j_lo, j_hi, HEAD_DIM,
+                                  BLOCK_N, True, False, DOT_PRECISION, ROWSUM_MMA)
     if ROWSUM_MMA:
         l_i = tl.max(l_i, 1)  # every column holds the same sums
-    if HAS_SINKS:  # one more term of the denominator, e^{sink}, with no value
-        acc, m_i, l_i = _join_sink(acc, m_i, l_i, tl.load(SINKS + h).to(tl.float32))
+    # with sinks: one more term of the denominator, e^{sink}, with no value
+    acc, m_i, l_i = _join_sink(acc, m_i, l_i, VARIANT, h)
     o, lse = _epilogue(acc, m_i, l_i)
     desc_o.store([b, h, start_m, 0], o.to(desc_o.dtype).reshape(1, 1, BLOCK_M, HEAD_DIM))
     if STORE_LSE:
@@ -203,11 +196,14 @@ def forward_variants_hopper(q, k, v, sm_scale: float, variant: Variant, out=None
     o, lse = allocate_outputs(q, out, store_lse)
     lse_arg = o if lse is None else lse  # (never written without store_lse)
     descs, prepare = _descriptors(q, k, v, o)
-    tensors, scalars, window, meta = variant_args(variant, sm_scale, lse_arg)
-    args = (*descs, lse_arg, *tensors, *scalars, 1.0, *window, H, H // H_KV, N_Q, N_K,
-            next_pow2(max(N_Q, N_K)))
-    meta.update(HEAD_DIM=D, DOT_PRECISION=dot_precision(q.dtype), STORE_LSE=lse is not None)
+    args = (*descs, lse_arg, variant_args(variant)[0], float(sm_scale), 1.0, H, H // H_KV, N_Q,
+            N_K, next_pow2(max(N_Q, N_K)))
+    meta = dict(HEAD_DIM=D, LONGEST_FIRST=tuple(variant.window) == (-1, 0),
+                DOT_PRECISION=dot_precision(q.dtype), STORE_LSE=lse is not None)
     config = config or VARIANTS_HOPPER_TABLE[_head_dim_class(D)]
+    if variant.alibi_slopes is not None and config.kwargs["PINNED_MAX"]:  # ALiBi: the running max
+        config = triton.Config({**config.kwargs, "PINNED_MAX": False}, num_warps=config.num_warps,
+                               num_stages=config.num_stages, pre_hook=config.pre_hook)
     launch(_flash_fwd_variants_hopper_kernel, lambda bm: (cdiv(N_Q, bm), B * H), args, meta,
            config, prepare=prepare)
     return o, lse

@@ -24,9 +24,8 @@ Triton's interpreter on a CPU. ``flash_attn_v2``, ``flash_attn_varlen``, ``flash
 from course_lib.kernels.flash_v1 import flash_attn_v1
 from course_lib.kernels.matmul import matmul
 from course_lib.kernels.vector_add import vector_add
-from course_lib.ops.attention import IMPLS, best_impl, flash_attn_v2
+from course_lib.ops.attention import IMPLS, best_impl, flash_attn_v2, flash_attn_varlen
 from course_lib.ops.decode import DecodePlan, flash_decode, paged_decode, plan_decode
-from course_lib.ops.variants import flash_attn_varlen
 from course_lib.reference import decode_reference
 
 __all__ = ["DecodePlan", "IMPLS", "best_impl", "decode_reference", "flash_attn_v1",

@@ -35,15 +35,14 @@ from course_lib._device import DEVICE
 from course_lib._launch import hooks_installed, int_classes
 from course_lib.kernels import decode as kd
 from course_lib.kernels.attention_common import empty_like_is_output, empty_output
+from course_lib.masks import Variant, check_variants
 from course_lib.ops.library import operator
 from course_lib.validate import (
-    Variant,
     check_attention_inputs,
     check_block_table,
     check_int_tensor,
     check_sm_scale,
     check_tensor,
-    check_variants,
 )
 
 NO_WINDOW = (-1, -1)  # the default window: a call that passes this very object has none
@@ -156,7 +155,7 @@ def _int32(t: torch.Tensor) -> torch.Tensor:
 
 
 def _variant(q, window_size, softcap, alibi_slopes, sinks) -> Variant:
-    """The variants of a decode call, checked (``validate.check_variants``; causal: the window's
+    """The variants of a decode call, checked (``masks.check_variants``; causal: the window's
     right is 0), the tensors contiguous. Plain attention is ``Variant((-1, 0))``."""
     variant = check_variants(q, True, window_size, softcap, alibi_slopes, sinks)
     return variant._replace(**{name: t.contiguous() for name, t in
@@ -191,7 +190,7 @@ class _Bound:
     q's strides, the block table's row stride, whether there are lengths) and the (out, lse)
     addresses. Slots: its fields are read at every step, faster than a NamedTuple's."""
 
-    __slots__ = ("k", "v", "alibi", "sinks", "n_max", "geometry", "classes", "q_stride",
+    __slots__ = ("k", "v", "variant", "values", "n_max", "geometry", "classes", "q_stride",
                  "table_stride", "no_lens", "split", "merges", "outs")
 
     def __init__(self, *fields):
@@ -212,18 +211,18 @@ class DecodePlan:
     def __init__(self, split: kd.SplitPlan, q, sm_scale: float, variant: Variant):
         self.plan, self.sm_scale, self.num_splits = split, sm_scale, split.num_splits
         self.paged, self.dtype, self.device = split.paged, q.dtype, q.device
-        self._alibi, self._sinks = variant.alibi_slopes, variant.sinks
+        self._variant = variant  # (its tensors: the plan's, or the last call's)
         self._device_index = q.get_device()
         self.out = self.lse = self._shapes = self._outs = None  # (``_outs``: their addresses)
         self.out_like = False  # whether torch.empty_like(q) is O's layout (``_run``)
         self._bound: _Bound | None = None  # the launches of the last step
 
-    def _launch(self, q, k, v, lens, table, out, lse, n_max, alibi, sinks, stream) -> None:
+    def _launch(self, q, k, v, lens, table, out, lse, n_max, variant, stream) -> None:
         """One step into ``out``, ``lse`` on ``stream``. The last step's bound launches are
         repeated when only addresses, the cache's strides and its length changed within the
         specialization classes the compiled kernel depends on (16-byte aligned addresses, each
-        integer's class), with q's strides, no profiler hooks and no CUDA-graph capture; a bound
-        merge kernel only for the same ``out`` and ``lse``."""
+        integer's class), with q's strides and variant, no profiler hooks and no CUDA-graph
+        capture; a bound merge kernel only for the same ``out`` and ``lse``."""
         b = self._bound
         p, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
         op, sp = (self._outs if out is self.out and lse is self.lse else
@@ -231,27 +230,29 @@ class DecodePlan:
         lp = p if lens is None else lens.data_ptr()
         tp = p if table is None else table.data_ptr()
         table_stride = None if table is None else table.stride(0)
-        if (b is not None and b.k is k and b.v is v and b.alibi is alibi and b.sinks is sinks
-                and b.n_max == n_max):
+        if b is not None and b.k is k and b.v is v and b.n_max == n_max:
             geometry, classes = b.geometry, b.classes  # the same cache: what was computed then
         else:
-            geometry = (*kd.cache_geometry(self.paged, k, v), n_max,
-                        *(t.data_ptr() for t in kd.variant_tensors(alibi, sinks)))
+            geometry = (*kd.cache_geometry(self.paged, k, v), n_max)
             classes = int_classes(geometry)
-        if (b is not None and classes == b.classes and q.stride() == b.q_stride
+        if b is not None and b.variant is variant:
+            values, aligned = b.values, True
+        else:  # (a plan's variants differ from call to call in their tensors only)
+            values, aligned = kd.variant_addresses(variant)
+        if (b is not None and aligned and classes == b.classes and q.stride() == b.q_stride
                 and table_stride == b.table_stride and (lens is None) is b.no_lens
                 and (not b.merges or b.outs == (op, sp))
                 and not (p | kp | vp | lp | tp | op | sp) & 15
                 and not hooks_installed() and not _capturing(stream)):
-            b.split(p, kp, vp, lp, tp, op, sp, *geometry)
+            b.split(p, kp, vp, lp, tp, op, sp, *geometry, values)
             for merge in b.merges:
                 merge()
             return
         bind = not _capturing(stream)
         launches = kd.run_plan(self.plan, q, k, v, lens, table, self.sm_scale, out, lse,
-                               bind=bind, n_max=n_max, alibi_slopes=alibi, sinks=sinks)
+                               bind=bind, n_max=n_max, variant=variant)
         self._bound = (None if not bind or launches is None else
-                       _Bound(k, v, alibi, sinks, n_max, geometry, classes, q.stride(),
+                       _Bound(k, v, variant, values, n_max, geometry, classes, q.stride(),
                               table_stride, lens is None, launches[0], tuple(launches[1:]),
                               (op, sp)))
 
@@ -283,7 +284,7 @@ class DecodePlan:
         if (validate or _FREE_READS) and _checks_values(validate):
             self._check_values(cache_seqlens, block_table)
         self._launch(q, k_cache, v_cache, cache_seqlens, block_table, self.out, self.lse,
-                     self.plan.n_max, self._alibi, self._sinks, _stream_id(self._device_index))
+                     self.plan.n_max, self._variant, _stream_id(self._device_index))
         return (self.out, self.lse) if return_lse else self.out
 
     def _check_values(self, cache_seqlens, block_table) -> None:
@@ -349,8 +350,7 @@ def plan_decode(q, k_cache, v_cache, *, block_table=None, num_splits=None, sm_sc
     variant = _variant(q, window_size, softcap, alibi_slopes, sinks)
     split = kd.make_plan(B, H, H_kv, N_q, D, n_max, q.device, num_splits=num_splits, config=cfg,
                          paged=block_table is not None, page_size=page_size,
-                         num_blocks=num_blocks, merge=merge, window=variant.window,
-                         softcap=variant.softcap)
+                         num_blocks=num_blocks, merge=merge, window=variant.window)
     plan = DecodePlan(split, q, sm_scale, variant)
     plan.out = empty_output(q)
     plan.lse = torch.empty((B, H, N_q), device=q.device, dtype=torch.float32)
@@ -423,7 +423,7 @@ def _plan(key, q, k, paged, n_max, page_size, num_blocks, num_splits, sm_scale,
     split = kd.make_plan(B, H, H_kv, N_q, D, n_max if paged else _length_bucket(n_max),
                          q.device, num_splits=num_splits, paged=paged,
                          page_size=page_size, num_blocks=num_blocks, merge=merge,
-                         window=variant.window, softcap=variant.softcap)
+                         window=variant.window)
     plan = DecodePlan(split, q, sm_scale, variant)
     plan.out_like = empty_like_is_output(q)  # (the key holds q's strides)
     if key is not None and (not operator or split.num_splits == 1):
@@ -444,9 +444,12 @@ def _run(plan, q, k, v, lens, table, n_max, alibi_slopes, sinks, return_lse, str
             plan.lse = lse  # the scratch lse of the calls that do not return it
     else:
         lse = plan.lse
-    plan._launch(q, k, v, lens, table, out, lse, n_max,
-                 None if alibi_slopes is None else alibi_slopes.contiguous(),
-                 None if sinks is None else sinks.contiguous(), stream)
+    variant = plan._variant
+    if alibi_slopes is not variant.alibi_slopes or sinks is not variant.sinks:  # the call's own
+        variant = plan._variant = variant._replace(
+            alibi_slopes=None if alibi_slopes is None else alibi_slopes.contiguous(),
+            sinks=None if sinks is None else sinks.contiguous())
+    plan._launch(q, k, v, lens, table, out, lse, n_max, variant, stream)
     return out, lse
 
 

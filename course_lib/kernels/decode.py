@@ -104,7 +104,7 @@ INTERPRET_MAX_SPLITS = 4  # the interpreter runs programs one after another: kee
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, SEQLENS, BLOCK_TABLE, OUT, LSE_OUT,  # these 14 first: what a bound launch takes anew
+    Q, K, V, SEQLENS, BLOCK_TABLE, OUT, LSE_OUT,  # these 15 first: what a bound launch takes anew
     stride_kb, stride_kh, stride_kn,  # contiguous: (B, H_kv, N) strides; paged: (block, head, slot)
     stride_vb, stride_vh, stride_vn, N_MAX,
     VARIANT,  # the call's variants (``band.variant_args``; right = 0: the decode is causal)
@@ -367,8 +367,8 @@ def make_plan(B: int, H: int, H_kv: int, N_q: int, D: int, n_max: int, device, *
               merge: str = "auto", interleaved: bool | None = None,
               window: tuple = (-1, 0)) -> SplitPlan:
     """A ``SplitPlan`` for caches of at most ``n_max`` keys (inputs already validated), with the
-    variants' ``window`` (left, 0) and ``softcap``: a window bounds the work a sequence's splits
-    share to left + N_q keys, and the split count and config are chosen for that.
+    variants' ``window`` (left, 0): a window bounds the work a sequence's splits share to
+    left + N_q keys, and the split count and config are chosen for that.
 
     ``merge``: "auto" or one of ``MERGES``, which says what each does and what "auto" picks.
     ``interleaved``: deal the tiles round-robin (None: from ``INTERLEAVE_MIN_SPLITS`` splits of a
@@ -435,9 +435,9 @@ def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, ou
     (num_blocks, block_size, H_kv, D) with ``block_table``; ``seqlens`` (B,) int32 or None.
     ``bind=True`` returns the launches bound to all but ``SPLIT_FREE`` (or None): call the first
     as ``launch(*addresses, *cache_geometry(paged, k, v), n_max, variant_addresses(variant)[0])``.
-    ``n_max``: the cache's length
-    where it is shorter than the plan's (a plan serves a range of lengths). ``variant``: checked,
-    with the plan's window, its tensors contiguous (None: plain causal attention)."""
+    ``n_max``: the cache's length where it is shorter than the plan's (a plan serves a range of
+    lengths). ``variant``: checked, with the plan's window, its tensors contiguous (None: plain
+    causal attention)."""
     variant = variant or Variant(plan.window)
     sinks = variant.sinks
     sq, so = q.stride(), out.stride()

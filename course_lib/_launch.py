@@ -5,21 +5,20 @@ their *specialization*, looks up the compiled kernel, checks the globals it read
 launch metadata. For a decode step of a few tens of µs on the GPU, that host work decides the
 step's time (lesson 12, section 8, measures it: course_lib/data/dropin.json, ``host``).
 
-``launch(kernel, grid, *args, **kwargs)`` does what ``kernel[grid](*args, **kwargs)`` does, but
-only the first call for a key goes through Triton (which compiles if needed); later calls call
-the compiled kernel's launcher directly. ``bind`` returns a function that repeats a launch with
-new addresses only (a decode step) as one call into the C launcher. Positional arguments must be
-the kernel's runtime parameters, constexprs keyword arguments. The key holds, conservatively, all
-that Triton specializes on (``_specialization``), the device and the keyword arguments.
+``bind(free, kernel, grid, *args, **kwargs)`` launches ``kernel[grid](*args, **kwargs)`` through
+Triton (which compiles if needed) and returns ``again(*values)``: the same launch with the
+``free`` arguments replaced by ``values``, one call into the compiled kernel's C launcher. The
+public calls keep what it returns: ``flash_attn_v2``'s fast path (``ops.attention``) and a decode
+plan (``ops.decode``); every other launch is Triton's own. Positional arguments must be the
+kernel's runtime parameters, constexprs keyword arguments.
 
-Triton does everything in the interpreter, when a launch hook is installed (a profiler) and
-when the grid is a callable. Its C launcher is internal, and its arguments changed at 3.7:
-``_direct`` knows 3.6's form and that of 3.7 to 3.9, else it calls the compiled kernel's
-``run``, the interface every supported version shares.
+Triton does everything in the interpreter and when a launch hook is installed (a profiler). Its
+C launcher is internal, and its arguments changed at 3.7: ``_direct`` knows 3.6's form and that
+of 3.7 to 3.9, else it calls the compiled kernel's ``run``, the interface every supported version
+shares.
 """
 from __future__ import annotations
 
-import collections
 import inspect
 
 import torch
@@ -33,46 +32,21 @@ from course_lib._device import INTERPRET
 # The Triton versions the course supports; tests/test_ops.py's GPU tests compare the fast path
 # with Triton's own launch, output for output, on the installed one.
 SUPPORTED_TRITON = ("3.6", "3.7", "3.8", "3.9")
-_MAX_ENTRIES = 512
-_CACHE: collections.OrderedDict = collections.OrderedDict()
 FAST = not INTERPRET and triton.__version__.rsplit(".", 1)[0] in SUPPORTED_TRITON
-SLOW_LAUNCHES = 0  # launches that went through Triton's own path (the tests read it)
-
-
-def _descriptor_key(d: TensorDescriptor) -> tuple:
-    # everything a host TMA descriptor holds but its base address
-    base = d.base
-    return ("desc", base.dtype, base.get_device(), not base.data_ptr() & 15,
-            tuple(d.shape), tuple(d.strides), tuple(d.block_shape), d.padding,
-            getattr(d, "round_f32_to_tf32", None))
-
-
-def _specialization(args) -> list:
-    # Runs on every launch, hence a list comprehension (Python's cheapest loop) that tests
-    # ``type(a) is int`` first (``isinstance(a, torch.Tensor)`` goes through the tensor
-    # metaclass's __instancecheck__ and costs several times more). An integer counts by its
-    # class, not its value: a KV cache that grows by a token keeps its key. The tuple is
-    # ``int_classes``'s (which ``bind``'s callers test), written out to spare a call per
-    # argument: the two must stay equal. A tuple (the variants' kernels take one) is keyed
-    # element by element.
-    return [(a == 1, not a & 15, -0x80000000 <= a <= 0x7FFFFFFF) if type(a) is int else
-            (a.dtype, a.get_device(), not a.data_ptr() & 15) if isinstance(a, torch.Tensor)
-            else (float if type(a) is float else tuple(_specialization(a)) if type(a) is tuple
-                  else _descriptor_key(a) if isinstance(a, TensorDescriptor) else a)
-            for a in args]
+SLOW_LAUNCHES = 0  # launches through Triton's own path, here (the tests read it)
 
 
 def int_classes(values) -> tuple:
-    """The specialization classes of integers (as ``launch`` keys them): a bound launch may take
-    a new integer in place of an old one when the two have the same class."""
+    """The specialization classes of integers, as Triton's launch tells them apart (1, a multiple
+    of 16, 32 or 64 bits): a bound launch may take a new integer in place of an old one when the
+    two have the same class."""
     return tuple((a == 1, not a & 15, -0x80000000 <= a <= 0x7FFFFFFF) for a in values)
 
 
 def _pointers(args) -> list:
     # A tensor goes to the launcher as its address: it then skips a ``data_ptr()`` call and a
-    # driver query (cuPointerGetAttribute) per tensor. The key holds each tensor's device, so
-    # a tensor elsewhere never gets here unchecked. A TensorDescriptor stays: the launcher
-    # encodes it.
+    # driver query (cuPointerGetAttribute) per tensor (``bind``'s caller vouches for the
+    # device). A TensorDescriptor stays: the launcher encodes it.
     return [a if type(a) is int else a.data_ptr() if isinstance(a, torch.Tensor) else
             tuple(_pointers(a)) if type(a) is tuple else a for a in args]
 
@@ -100,11 +74,6 @@ def hooks_installed() -> bool:
                 or getattr(leave, "calls", leave is not None))
 
 
-def _grid3(grid) -> tuple:
-    g = tuple(grid) + (1, 1)
-    return g[0], g[1], g[2]
-
-
 def _direct(compiled):
     """``call(gx, gy, gz, stream, args)``: the compiled kernel's launch with no hooks. One call
     into Triton's C launcher where the kernel needs no scratch memory (the Python wrapper
@@ -125,56 +94,13 @@ def _direct(compiled):
                                                    None, None, packed, None, None, None, *args)
 
 
-class _Entry:
-    """A compiled kernel, the values of its trailing parameters, and how to call its launcher."""
-
-    __slots__ = ("compiled", "tail", "call")
-
-    def __init__(self, compiled, tail):
-        self.compiled, self.tail, self.call = compiled, tail, _direct(compiled)
-
-    def __call__(self, grid, stream, args):
-        gx, gy, gz = _grid3(grid)
-        self.call(gx, gy, gz, stream, [*_pointers(args), *self.tail])
-
-
-def _launch(kernel, grid, args, kwargs):
-    """Launch through the cache: (the compiled kernel, its entry or None where this Triton's
-    compiled kernels launch differently)."""
-    global FAST, SLOW_LAUNCHES
-    driver = _driver.active
-    device = driver.get_current_device()
-    key = (kernel, device, *_specialization(args), *kwargs.items())
-    entry = _CACHE.get(key)
-    if entry is None or hooks_installed():
-        SLOW_LAUNCHES += 1
-        compiled = kernel[grid](*args, **kwargs)
-        if not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
-            FAST = False  # compiled kernels that launch differently: always the slow path
-            return compiled, None
-        entry = _CACHE[key] = _Entry(compiled, _tail(kernel, len(args), kwargs))
-        if len(_CACHE) > _MAX_ENTRIES:
-            _CACHE.popitem(last=False)
-        return compiled, entry
-    entry(grid, driver.get_current_stream(device), args)
-    return entry.compiled, entry
-
-
-def launch(kernel, grid, *args, **kwargs):
-    """``kernel[grid](*args, **kwargs)``, with Triton's per-call host work done once per key."""
-    if not FAST or callable(grid):
-        return kernel[grid](*args, **kwargs)
-    return _launch(kernel, grid, args, kwargs)[0]
-
-
 def bind(free, kernel, grid, *args, **kwargs):
     """Launch ``kernel[grid](*args, **kwargs)`` now, and return ``again(*values)``: the same
     launch with the free arguments replaced by ``values``, on the then current stream. ``free``
-    is a number n (the first n arguments) or a tuple of positions; a free tensor is given as its
-    address (an int), a free integer as its new value. ``again`` skips even ``launch``'s key: a
-    planned decode step (``course_lib.ops.DecodePlan``) is one call into Triton's C launcher.
-    A free TMA descriptor keeps its shape, strides and block shape and moves to the new
-    address (``_DescriptorAt``).
+    is a number n (the first n arguments) or a tuple of positions (None: launch, bind nothing);
+    a free tensor is given as its address (an int), a free integer as its new value. ``again``
+    is one call into Triton's C launcher. A free TMA descriptor keeps its shape, strides and
+    block shape and moves to the new address (``_DescriptorAt``).
 
     ``again`` checks nothing. The caller makes sure that the tensors behind the new addresses
     have the dtypes, devices and 16-byte alignment of the ones bound now, that every new
@@ -182,16 +108,18 @@ def bind(free, kernel, grid, *args, **kwargs):
     arguments would be the same, and that no profiler hooks are installed
     (``hooks_installed``). Returns None where the fast path is off.
     """
-    if not FAST or callable(grid):
-        kernel[grid](*args, **kwargs)
+    global FAST, SLOW_LAUNCHES
+    compiled = kernel[grid](*args, **kwargs)
+    SLOW_LAUNCHES += 1
+    if free is None or not FAST or callable(grid) or hooks_installed():
         return None
-    _, entry = _launch(kernel, grid, args, kwargs)
-    if entry is None or hooks_installed():
+    if not all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
+        FAST = False  # compiled kernels that launch differently: Triton's own launch only
         return None
-    gx, gy, gz = _grid3(grid)
-    call, tail = entry.call, entry.tail
-    get_stream, device = _driver.active.get_current_stream, _driver.active.get_current_device()
-    template = [*_pointers(args), *tail]
+    gx, gy, gz = (*grid, 1, 1)[:3]
+    call, get_stream = _direct(compiled), _driver.active.get_current_stream
+    device = _driver.active.get_current_device()
+    template = [*_pointers(args), *_tail(kernel, len(args), kwargs)]
     if isinstance(free, int):
         free = tuple(range(free))
     descs = {i: args[i] for i in free if isinstance(args[i], TensorDescriptor)}

@@ -368,7 +368,7 @@ def test_compiled_decode_with_cuda_graphs():
 @pytest.mark.skipif(not ON_GPU, reason="the fast launch path runs on a GPU only")
 def test_fast_launch_equals_tritons_own_launch(monkeypatch, request):
     """course_lib._launch against kernel[grid](...): same outputs, bit for bit, on aligned
-    and misaligned views (a new specialization: the slow path once, then fast again)."""
+    and misaligned views (a misaligned q: Triton's own launch, at every call)."""
     from course_lib import _launch
 
     if not _launch.FAST:
@@ -386,7 +386,8 @@ def test_fast_launch_equals_tritons_own_launch(monkeypatch, request):
     q_odd = store[1:].view(q.shape).copy_(q)  # 2-byte aligned, not 16
     fast.append(ops.flash_decode(q_odd, k, v, cache_seqlens=lens))
     fast.append(ops.flash_decode(q_odd, k, v, cache_seqlens=lens))
-    assert _launch.SLOW_LAUNCHES - slow_before <= 1  # the misaligned q's own specialization
+    # a bound launch assumes 16-byte aligned addresses: a misaligned q goes through Triton
+    assert _launch.SLOW_LAUNCHES - slow_before == 2
     qf, kf, vf = _qkv(B=1, H=4, H_kv=2, N_q=70, N_k=70, D=64, dtype=torch.float16)
     attn_fast = [ops.flash_attn_v2(qf, kf, vf, causal=True, impl="portable") for _ in range(2)]
     # impl None at this size: the portable kernel, then its remembered bound launch
@@ -413,12 +414,14 @@ def test_fast_launch_equals_tritons_own_launch(monkeypatch, request):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the fast path runs on a GPU only")
+@pytest.mark.parametrize("variants", [{}, {"window_size": (64, 0), "softcap": 30.0}])
 @pytest.mark.parametrize("impl,n", [("portable", 300), ("portable", 2048), ("hopper", 300),
                                     ("hopper", 2048)])  # a table's config; the autotuner's
-def test_the_fast_path_equals_tritons_own_launch(impl, n, monkeypatch):
+def test_the_fast_path_equals_tritons_own_launch(impl, n, variants, monkeypatch):
     """flash_attn_v2's fast path (the kept launch, bound to everything but the addresses; the
-    Hopper kernel's four TMA descriptors moved to them) for new tensors of the same shape: no
-    launch through Triton after the first call, and the same bits as Triton's own launch."""
+    Hopper kernels' four TMA descriptors moved to them) for new tensors of the same shape, with
+    and without variants: no launch through Triton after the first call, and the same bits as
+    Triton's own launch."""
     from course_lib import _launch
 
     if not _launch.FAST:
@@ -427,13 +430,13 @@ def test_the_fast_path_equals_tritons_own_launch(impl, n, monkeypatch):
         pytest.skip("the Hopper kernel runs on an sm_90 GPU only")
     inputs = [_qkv(B=1, H=8, H_kv=2, N_q=n, N_k=n + 5, D=64, dtype=torch.float16)
               for _ in range(4)]
-    got = [ops.flash_attn_v2(*inputs[0], causal=True, impl=impl)]
+    got = [ops.flash_attn_v2(*inputs[0], causal=True, impl=impl, **variants)]
     slow = _launch.SLOW_LAUNCHES
-    got += [ops.flash_attn_v2(*t, causal=True, impl=impl) for t in inputs[1:]]
+    got += [ops.flash_attn_v2(*t, causal=True, impl=impl, **variants) for t in inputs[1:]]
     assert _launch.SLOW_LAUNCHES == slow, "a repeated call went through Triton's launch"
     monkeypatch.setattr(_launch, "FAST", False)
     for t, g in zip(inputs, got):
-        torch.testing.assert_close(g, ops.flash_attn_v2(*t, causal=True, impl=impl),
+        torch.testing.assert_close(g, ops.flash_attn_v2(*t, causal=True, impl=impl, **variants),
                                    rtol=0, atol=0)
 
 
@@ -474,27 +477,25 @@ def test_bound_plan_steps_equal_tritons_own_launch(merge, monkeypatch):
         torch.testing.assert_close(g, slow_plan.run(qi, k, v, lens), rtol=0, atol=0)
 
 
-def test_launch_key_counts_integers_by_their_specialization_class():
-    """course_lib._launch keys an integer as Triton specializes it (1, a multiple of 16, 32 or
-    64 bits), so a decode cache that grows by one token reuses the compiled launch."""
-    from course_lib._launch import _specialization
+def test_integer_classes_follow_tritons_specialization():
+    """``_launch.int_classes`` tells integers apart as Triton specializes them (1, a multiple of
+    16, 32 or 64 bits), so a decode cache that grows by one token keeps its bound launch."""
+    from course_lib._launch import int_classes
 
-    def key(*a):
-        return _specialization(list(a))
+    def key(a):
+        return int_classes([a])
 
     assert key(2048) == key(4096) and key(2049) == key(2051)
     assert key(1) != key(17) and key(16) != key(17) and key(1) != key(2)
     assert key(2 ** 31 - 16) != key(2 ** 31) and key(-16) == key(32)
-    assert key(True) != key(1) and key(0.5) == key(2.5)
 
 
 @pytest.mark.parametrize("layout", ["3.6", "3.7"])
 def test_fast_launch_plumbing_with_a_stand_in_for_triton(layout, monkeypatch):
-    """course_lib._launch's cache, key classes and bound launches, on any machine: a stand-in
-    kernel and launcher record what the fast path hands Triton's C launcher, in 3.6's form
-    (the arguments spread) and in the form of 3.7 to 3.9 (annotations, the signature, the
-    arguments as one tuple). The GPU tests above check the installed Triton's against its own
-    launch."""
+    """course_lib._launch's bound launches, on any machine: a stand-in kernel and launcher
+    record what the fast path hands Triton's C launcher, in 3.6's form (the arguments spread)
+    and in the form of 3.7 to 3.9 (annotations, the signature, the arguments as one tuple).
+    The GPU tests above check the installed Triton's against its own launch."""
     import inspect
     import types
 
@@ -535,22 +536,18 @@ def test_fast_launch_plumbing_with_a_stand_in_for_triton(layout, monkeypatch):
     kernel, x, y = Kernel(), torch.zeros(4), torch.zeros(4)
     head = (99, 7, False, False, None, None, (4, 1, 0), None, None, None)
 
-    _launch.launch(kernel, (2,), x, 2048, BLOCK=16)
-    assert calls[-1][0] == "slow"  # a new key: Triton launches (and compiles)
-    _launch.launch(kernel, (2,), y, 4096, BLOCK=16)  # another multiple of 16: same key
-    assert calls[-1] == ("fast", (2, 1, 1, *head, y.data_ptr(), 4096, 16, True))
-    _launch.launch(kernel, (2,), x, 17, BLOCK=16)  # not a multiple of 16: a new key
-    assert calls[-1][0] == "slow"
     again = _launch.bind(1, kernel, (3, 2), x, 2048, BLOCK=16)
-    assert calls[-1] == ("fast", (3, 2, 1, *head, x.data_ptr(), 2048, 16, True))
+    assert calls[-1] == ("slow", (3, 2), (x, 2048), {"BLOCK": 16})  # Triton launches (compiles)
     again(y.data_ptr())  # the bound launch: only the free address changes
     assert calls[-1] == ("fast", (3, 2, 1, *head, y.data_ptr(), 2048, 16, True))
+    again(x.data_ptr())
+    assert calls[-1] == ("fast", (3, 2, 1, *head, x.data_ptr(), 2048, 16, True))
+    assert _launch.bind(None, kernel, (2,), x, 17, BLOCK=16) is None  # launch, bind nothing
+    assert calls[-1] == ("slow", (2,), (x, 17), {"BLOCK": 16})
     assert sum(c[0] == "slow" for c in calls) == 2
     again = _launch.bind((0, 1), kernel, (1,), x, 2048, BLOCK=16)  # free positions
     again(y.data_ptr(), 4096)
     assert calls[-1] == ("fast", (1, 1, 1, *head, y.data_ptr(), 4096, 16, True))
-    assert _launch.int_classes([2048, 4096, 17, 1]) == (
-        (False, True, True), (False, True, True), (False, False, True), (True, False, True))
     # A TMA descriptor bound as a free argument moves to the new address, and keeps its shape,
     # strides, block shape and padding: Triton's launcher encodes it from those.
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -682,3 +679,40 @@ def test_a_forward_call_shaped_like_an_earlier_one_skips_the_checks(monkeypatch)
     monkeypatch.setattr(oa, "hooks_installed", lambda: True)  # a profiler: Triton launches
     ops.flash_attn_v2(qt, k2, v2, causal=True, sm_scale=0.3)
     assert len(launched) == 1 and len(checks) == 7
+
+
+def test_a_variants_call_shaped_like_an_earlier_one_skips_the_checks(monkeypatch):
+    """The fast path keeps a call with a window or a softcap (no ALiBi slopes, no sinks: their
+    tensors' values may change) under a key that holds them with their types: a repeated call
+    is the kept launch; the same numbers as another type, or with sinks, go the checked way."""
+    from course_lib import _launch
+    from course_lib.ops import attention as oa
+    from course_lib.reference import attention_variants
+
+    launched, checks = [], []
+
+    def stand_in(q, k, v, sm_scale, variant, out=None, store_lse=True, bind=False):
+        o, lse = oa.forward_variants(q, k, v, sm_scale, variant, out, store_lse)
+        return (o, lse, lambda *p: launched.append(p)) if bind else (o, lse)
+
+    monkeypatch.setattr(oa, "_REMEMBER", True)
+    monkeypatch.setattr(_launch, "FAST", True)
+    monkeypatch.setattr(oa, "_VARIANT_FORWARDS", {impl: stand_in for impl in oa.IMPLS})
+    real_check = oa.check_call
+    monkeypatch.setattr(oa, "check_call", lambda *a: checks.append(1) or real_check(*a))
+    q, k, v = _qkv(N_q=9, N_k=9)
+    first = ops.flash_attn_v2(q, k, v, causal=True, window_size=(3, 0), softcap=5.0)
+    torch.testing.assert_close(first, attention_variants(q, k, v, causal=True,
+                                                         window_size=(3, 0), softcap=5.0),
+                               rtol=1e-4, atol=1e-4)
+    k2 = fresh_randn(*k.shape)
+    o = ops.flash_attn_v2(q, k2, v, causal=True, window_size=(3, 0), softcap=5.0)
+    assert len(checks) == 1, "the repeated call was checked again"
+    assert launched == [(q.data_ptr(), k2.data_ptr(), v.data_ptr(), o.data_ptr(), o.data_ptr())]
+    with pytest.raises(TypeError, match="window_size"):
+        ops.flash_attn_v2(q, k, v, causal=True, window_size=(3.0, 0), softcap=5.0)
+    with pytest.raises(TypeError, match="softcap"):
+        ops.flash_attn_v2(q, k, v, causal=True, window_size=(3, 0), softcap=True)
+    sinks = torch.zeros(q.shape[1], device=q.device)
+    ops.flash_attn_v2(q, k, v, causal=True, window_size=(3, 0), softcap=5.0, sinks=sinks)
+    assert len(launched) == 1 and len(checks) == 4

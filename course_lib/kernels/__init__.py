@@ -1,6 +1,6 @@
 """The course's Triton kernels. Import ``course_lib`` first (it is, via this package).
 
-Each kernel is a private ``_..._kernel`` plus a public wrapper named after the operation that
-validates its inputs, allocates, builds the grid with ``triton.cdiv`` and launches.
+Each file holds private ``_..._kernel`` functions and their launchers (strides, grid, launch);
+the checked public calls are ``course_lib.ops``.
 """
 import course_lib  # noqa: F401  (the device switch must run before any @triton.jit)

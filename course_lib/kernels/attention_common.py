@@ -19,7 +19,6 @@ import triton.language as tl
 
 from course_lib._device import INTERPRET
 from course_lib._launch import bind
-from course_lib._launch import launch as fast_launch
 
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis, which carries batch x heads
 # log2(e) and ln(2), the kernels' change of base (exp2 and log2 are one instruction each). A
@@ -178,12 +177,6 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def head_dim_pad(head_dim: int) -> int:
-    """The power of two a kernel's ``tl.arange`` spans for this head dim (40 -> 64, 80 -> 128).
-    The config tables are keyed by it: a padded tile costs what the power-of-two tile costs."""
-    return next_pow2(head_dim)
-
-
 # Autotuning compiles every candidate once per (head dim, causal, dtype, group) and times them
 # once per length bucket: worth it for long sequences only. Shorter ones take the table's config.
 AUTOTUNE_MIN_N = 2048
@@ -208,15 +201,9 @@ def launch(kernel, grid_of, args, meta, config, tuned=None, prepare=None, free: 
                                           "num_stages": config.num_stages}
     if prepare is not None:
         prepare(blocks)
-    grid = grid_of(blocks["BLOCK_M"])
-    if INTERPRET:
-        with interpreter_errstate():
-            kernel[grid](*args, **meta, **blocks, **options)
-        return None
-    if free:
-        return bind(free, kernel, grid, *args, **meta, **blocks, **options)
-    fast_launch(kernel, grid, *args, **meta, **blocks, **options)
-    return None
+    with interpreter_errstate():  # (a no-op on a GPU)
+        return bind(free or None, kernel, grid_of(blocks["BLOCK_M"]), *args, **meta, **blocks,
+                    **options)
 
 
 def aligned(*tensors) -> bool:

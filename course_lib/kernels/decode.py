@@ -45,7 +45,6 @@ perf_notes.md.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -53,8 +52,7 @@ import triton
 import triton.language as tl
 
 from course_lib._device import INTERPRET
-from course_lib._launch import bind as bind_launch
-from course_lib._launch import launch
+from course_lib._launch import bind as launch
 from course_lib.hardware import bandwidth_per_sm
 from course_lib.hardware import sm_count as _sm_count
 from course_lib.kernels.attention_common import LN2, LOG2E, _tile_mask, cdiv, next_pow2
@@ -447,31 +445,32 @@ def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, ou
     fused = plan.merge == "fused" or plan.merge == "auto" and not capturing()  # (``MERGES``)
     block_s = next_pow2(S)
     chunk = min(MERGE_CHUNK, block_s)  # one chunking for both merges: the same sums
-    go = functools.partial(bind_launch, SPLIT_FREE) if bind else launch
     # One split never touches the scratch buffers (NUM_SPLITS == 1 is a compiled variant of its
     # own): lse stands in for them, so a plan of one split holds no tensor at all.
     o_part, lse_part, arrived = ((lse, lse, lse) if S == 1 else
                                  (plan.o_part, plan.lse_part, plan.arrived))
-    split = go(_decode_split_kernel, (S, B * plan.H_kv, plan.m_tiles),
-               q, k, v, seqlens if has_seqlens else q, block_table if plan.paged else q,
-               out, lse, *cache_geometry(plan.paged, k, v), plan.n_max if n_max is None else n_max,
-               variant_args(variant)[0], o_part, lse_part, arrived, sq[0], sq[1], sq[2],
-               stride_bt, so[0], so[1], so[2], sm_scale * LOG2E.value, H, plan.num_blocks,
-               float(sm_scale), N_Q=N_q, GROUP=H // plan.H_kv, NUM_SPLITS=S, HEAD_DIM=D,
-               BLOCK_M=plan.block_m, BLOCK_N=cfg["BLOCK_N"], PAGED=plan.paged,
-               PAGE_SIZE=plan.page_size, HAS_SEQLENS=has_seqlens,
-               IEEE_DOT=q.dtype == torch.float32, FUSED_MERGE=fused, BLOCK_S=block_s,
-               CHUNK=chunk, INTERLEAVED=plan.interleaved, WINDOW=variant.window[0] >= 0,
-               HAS_SINKS=sinks is not None, num_warps=cfg["num_warps"],
-               num_stages=cfg["num_stages"])
+    n_max = plan.n_max if n_max is None else n_max
+    split = launch(SPLIT_FREE if bind else None, _decode_split_kernel,
+                   (S, B * plan.H_kv, plan.m_tiles),
+                   q, k, v, seqlens if has_seqlens else q, block_table if plan.paged else q,
+                   out, lse, *cache_geometry(plan.paged, k, v), n_max, variant_args(variant)[0],
+                   o_part, lse_part, arrived, sq[0], sq[1], sq[2],
+                   stride_bt, so[0], so[1], so[2], sm_scale * LOG2E.value, H, plan.num_blocks,
+                   float(sm_scale), N_Q=N_q, GROUP=H // plan.H_kv, NUM_SPLITS=S, HEAD_DIM=D,
+                   BLOCK_M=plan.block_m, BLOCK_N=cfg["BLOCK_N"], PAGED=plan.paged,
+                   PAGE_SIZE=plan.page_size, HAS_SEQLENS=has_seqlens,
+                   IEEE_DOT=q.dtype == torch.float32, FUSED_MERGE=fused, BLOCK_S=block_s,
+                   CHUNK=chunk, INTERLEAVED=plan.interleaved, WINDOW=variant.window[0] >= 0,
+                   HAS_SINKS=sinks is not None, num_warps=cfg["num_warps"],
+                   num_stages=cfg["num_stages"])
     launches = [split]
     if S > 1 and not fused:
-        go = functools.partial(bind_launch, 0) if bind else launch
-        launches.append(go(_decode_merge_kernel, (B * H * N_q,),
-                           plan.o_part, plan.lse_part, out, lse, lse if sinks is None else sinks,
-                           H, so[0], so[1], so[2], N_Q=N_q, NUM_SPLITS=S, BLOCK_S=block_s,
-                           HEAD_DIM=D, CHUNK=chunk, HAS_SINK=sinks is not None,
-                           num_warps=4 if D >= 128 else 2))
+        merge = launch(0 if bind else None, _decode_merge_kernel, (B * H * N_q,),
+                       plan.o_part, plan.lse_part, out, lse, lse if sinks is None else sinks,
+                       H, so[0], so[1], so[2], N_Q=N_q, NUM_SPLITS=S, BLOCK_S=block_s,
+                       HEAD_DIM=D, CHUNK=chunk, HAS_SINK=sinks is not None,
+                       num_warps=4 if D >= 128 else 2)
+        launches.append(merge)
     if bind:
         return None if any(f is None for f in launches) else launches
     return out, lse

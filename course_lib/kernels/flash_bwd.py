@@ -27,11 +27,8 @@ Three kernels, and their grids:
 
 So seven matmuls per block pair where the reporting convention (FLOPs = 2.5 × forward) counts
 five: S and dP are computed twice, in exchange for no atomics and a deterministic result.
-``one_pass=True`` runs FlashAttention-2's five-matmul form instead (dQ added by the dK/dV
-kernel with fp32 atomic adds, no dQ kernel). On an NVIDIA H200 (torch 2.11.0+cu130, triton
-3.6.0, fp16, B·N = 32k, H·D = 2048; ``python -m course_lib.bench backward_forms``,
-course_lib/data/backward_forms.json) it ran at 0.90 to 1.09 of the two kernels' speed, faster
-only at D 128 causal, N 4k and 16k; and its dQ differs in its last bits from run to run.
+``one_pass=True`` runs FlashAttention-2's five-matmul form instead: 0.90 to 1.09 of the two
+kernels' speed on an NVIDIA H200 (course_lib/data/backward_forms.json), dQ not bit-stable.
 Causal (bottom-right) programs visit only blocks that can be non-zero: a masked band along the
 diagonal, then unmasked blocks; ragged ends are masked.
 
@@ -65,8 +62,8 @@ from course_lib.kernels.attention_common import (
     _q_block_program,
     _tile_mask,
     dot_precision,
-    head_dim_pad,
     interpreter_errstate,
+    next_pow2,
 )
 
 
@@ -365,7 +362,7 @@ _one_pass_tuned = _autotuned(_bwd_dkdv_kernel, DKDV_CONFIGS, _KEY, reset_to_zero
 
 def gpu_config(head_dim: int) -> BwdConfig:
     """``GPU_CONFIGS`` of the power of two this head dim is padded to (D 80: that of D 128)."""
-    padded = head_dim_pad(head_dim)
+    padded = next_pow2(head_dim)  # the tiles' width: a padded D costs what this one costs
     if padded not in GPU_CONFIGS:
         raise ValueError(f"no backward config for head dim {head_dim}; have {sorted(GPU_CONFIGS)} "
                          "(and every head dim that pads to one of them)")

@@ -48,7 +48,6 @@ from course_lib.kernels.attention_common import (  # noqa: F401 (the lesson read
     allocate_outputs,
     cdiv,
     dot_precision,
-    head_dim_pad,
     launch,
     next_pow2,
 )
@@ -157,7 +156,7 @@ def keep_config_for_head_dim(configs, named_args, **kwargs):
     candidates whose shared memory fits the (padded: 80 -> 128) head dim. HEAD_DIM 256 passes
     only 64 x 64 tiles (a 128 x 256 Q tile plus K/V stages overflows the 228 KB of an H100 SM);
     HEAD_DIM 128 drops 128 x 128 with 3 stages for the same reason."""
-    d = head_dim_pad(named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"])
+    d = next_pow2(named_args["HEAD_DIM"] if "HEAD_DIM" in named_args else kwargs["HEAD_DIM"])
     kept = [c for c in configs
             if not (d >= 256 and (c.kwargs["BLOCK_M"] > 64 or c.kwargs["BLOCK_N"] > 64))
             and not (d == 128 and c.kwargs["BLOCK_N"] > 64 and c.num_stages > 2)]

@@ -28,8 +28,8 @@ H·D = 2048; every provider called eagerly, ``do_bench`` median of 5 interleaved
 * D 128, N 16k, non-causal: 554 TFLOP/s, 1.60x SDPA FLASH_ATTENTION, 0.95x SDPA CUDNN_ATTENTION
 * D 128, N 16k, causal: 553 TFLOP/s, 1.67x SDPA FLASH_ATTENTION, 1.02x SDPA CUDNN_ATTENTION
 
-What each change bought, and what was tried and dropped: notebook 09's case study and
-course_lib/data/perf_notes.md.
+What each change bought, and what was tried and dropped: notebooks/09a_hopper_case_study.ipynb
+and course_lib/data/perf_notes.md.
 """
 from __future__ import annotations
 

@@ -43,6 +43,7 @@ from course_lib.kernels.attention_common import (
     _load_tile,
     _online_softmax_step,
     _q_block_program,
+    aligned,
     allocate_outputs,
     cdiv,
     dot_precision,
@@ -168,9 +169,10 @@ _variants_tuned = triton.autotune(
 )(_flash_fwd_variants_kernel)
 
 
-def _launch(q, k, v, o, lse, sm_scale, variant, B, N_Q, N_K, strides, cu=None):
+def _launch(q, k, v, o, lse, sm_scale, variant, B, N_Q, N_K, strides, cu=None, free=0):
     """One launch on B sequences (at most N_Q queries and N_K keys each). ``strides``: q's, k's,
-    v's and o's (batch, head, row), then lse's (batch, head); ``cu``: the packed offsets."""
+    v's and o's (batch, head, row), then lse's (batch, head); ``cu``: the packed offsets.
+    ``free``: as ``attention_common.launch``'s (the bound launch, or None)."""
     H, H_KV, D = q.shape[1], k.shape[1], q.shape[-1]  # (B, H, N, D), or packed (total, H, D)
     lse_arg = o if lse is None else lse  # (never written without STORE_LSE)
     values, kind = variant_args(variant)
@@ -179,20 +181,25 @@ def _launch(q, k, v, o, lse, sm_scale, variant, B, N_Q, N_K, strides, cu=None):
     meta = dict(HEAD_DIM=D, LONGEST_FIRST=tuple(variant.window) == (-1, 0), VARIANT_KIND=kind,
                 DOT_PRECISION=dot_precision(q.dtype), STORE_LSE=lse is not None, VARLEN=bool(cu))
     config = keep_config_for_head_dim(VARIANT_CONFIGS, {"HEAD_DIM": D})[0]
-    launch(_flash_fwd_variants_kernel, lambda bm: (cdiv(N_Q, bm), B * H), args, meta, config,
-           _variants_tuned if args[-1] >= AUTOTUNE_MIN_N else None)
+    return launch(_flash_fwd_variants_kernel, lambda bm: (cdiv(N_Q, bm), B * H), args, meta,
+                  config, _variants_tuned if args[-1] >= AUTOTUNE_MIN_N else None, free=free)
 
 
-def forward_variants(q, k, v, sm_scale: float, variant: Variant, out=None, store_lse=True):
+def forward_variants(q, k, v, sm_scale: float, variant: Variant, out=None, store_lse=True,
+                     bind=False):
     """(o, lse) of validated inputs: q (B, H, N_q, D); k, v (B, H_kv, N_k, D); ``variant``
     checked (``course_lib.masks.check_variants``: the window normalised, causal included as
-    right = 0). ``out``: preallocated (o, lse); lse is None without ``store_lse``."""
+    right = 0). ``out``: preallocated (o, lse); lse is None without ``store_lse``. ``bind``:
+    also return the launch for new addresses, as ``flash_v2.forward_portable`` does."""
     B, H, N_Q, _ = q.shape
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    given = (q, k, v)
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in given)
     o, lse = allocate_outputs(q, out, store_lse)
     strides = [x for t in (q, k, v, o) for x in t.stride()[:3]] + [H * N_Q, N_Q]
-    _launch(q, k, v, o, lse, sm_scale, variant, B, N_Q, k.shape[2], strides)
-    return o, lse
+    bindable = bind and all(a is b for a, b in zip((q, k, v), given)) and aligned(q, k, v, o)
+    again = _launch(q, k, v, o, lse, sm_scale, variant, B, N_Q, k.shape[2], strides,
+                    free=5 if bindable else 0)
+    return (o, lse, again) if bind else (o, lse)
 
 
 def forward_variants_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,

@@ -43,6 +43,7 @@ from course_lib.kernels.attention_common import (
     _online_softmax_step,
     _q_block_program,
     _softmax_scores,
+    aligned,
     allocate_outputs,
     cdiv,
     dot_precision,
@@ -167,14 +168,10 @@ def _flash_fwd_variants_hopper_kernel(
         tl.store(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
 
 
-# The config each head dim runs, chosen by timing the candidates in turns
-# (``course_lib.bench.variants.tile_candidates``, ``python -m course_lib.bench variants
-# --tiles``, course_lib/data/variants_hopper_tiles.json). D 128 (B 2, H 16, N 16k, bf16, H100):
-# 64 x 64 tiles, pinned max, row sums on the CUDA cores: causal 504 TFLOP/s, window 1024 382,
-# softcap 506, ALiBi 436, sinks 511 (the other candidates' numbers: course_lib/data/
-# perf_notes.md). D 64 and 256 use lesson 09's dense tiles, with the row sums on the CUDA cores:
-# not measured with the variants, so ``impl=None`` sends them to the portable kernel
-# (``MEASURED_HEAD_DIMS``).
+# The config each head dim runs. D 128: the fastest of the candidates timed in turns (``python
+# -m course_lib.bench variants --tiles``, course_lib/data/variants_hopper_tiles.json). D 64 and
+# 256: lesson 09's dense tiles, not measured with the variants, so ``impl=None`` sends them to
+# the portable kernel (``MEASURED_HEAD_DIMS``).
 VARIANTS_HOPPER_TABLE = {64: _cfg(128, 64, 4, 3, True, False, True),
                          128: _cfg(64, 64, 4, 3, True, False, True),
                          256: _cfg(64, 64, 4, 2, True, False, True)}
@@ -182,7 +179,7 @@ MEASURED_HEAD_DIMS = (128,)
 
 
 def forward_variants_hopper(q, k, v, sm_scale: float, variant: Variant, out=None,
-                            store_lse=True, config: triton.Config | None = None):
+                            store_lse=True, config: triton.Config | None = None, bind=False):
     """``flash_variants.forward_variants`` with the TMA kernel, for power-of-two head dims from
     16 on (a TMA tile spans the whole head dim). ``config``: a config instead of
     ``VARIANTS_HOPPER_TABLE``'s (the tile benchmark, ``python -m course_lib.bench variants
@@ -192,7 +189,8 @@ def forward_variants_hopper(q, k, v, sm_scale: float, variant: Variant, out=None
         raise ValueError(f"the Hopper kernel takes power-of-two head dims of 16 or more, got "
                          f"head dim {D} of q; the portable kernel pads any other")
     H_KV, N_K = k.shape[1], k.shape[2]
-    q, k, v = (tma_ready(t) for t in (q, k, v))
+    given = (q, k, v)
+    q, k, v = (tma_ready(t) for t in given)
     o, lse = allocate_outputs(q, out, store_lse)
     lse_arg = o if lse is None else lse  # (never written without store_lse)
     descs, prepare = _descriptors(q, k, v, o)
@@ -204,9 +202,10 @@ def forward_variants_hopper(q, k, v, sm_scale: float, variant: Variant, out=None
     if variant.alibi_slopes is not None and config.kwargs["PINNED_MAX"]:  # ALiBi: the running max
         config = triton.Config({**config.kwargs, "PINNED_MAX": False}, num_warps=config.num_warps,
                                num_stages=config.num_stages, pre_hook=config.pre_hook)
-    launch(_flash_fwd_variants_hopper_kernel, lambda bm: (cdiv(N_Q, bm), B * H), args, meta,
-           config, prepare=prepare)
-    return o, lse
+    bindable = bind and all(a is b for a, b in zip((q, k, v), given)) and aligned(q, k, v, o)
+    again = launch(_flash_fwd_variants_hopper_kernel, lambda bm: (cdiv(N_Q, bm), B * H), args,
+                   meta, config, prepare=prepare, free=5 if bindable else 0)
+    return (o, lse, again) if bind else (o, lse)
 
 
 __all__ = ["MEASURED_HEAD_DIMS", "VARIANTS_HOPPER_TABLE", "forward_variants_hopper"]

@@ -9,7 +9,8 @@ and the lse (never P). An eager call with no gradient skips the dispatcher.
 The fast path (a GPU): an eager call with no gradient and no lse keeps its launch, bound to all
 but the addresses (``course_lib._launch.bind``), in ``_FAST``, keyed by what the checks and the
 kernel read of the call (``call_key``: shapes, strides, dtypes, devices, the scale; ``causal``,
-``impl``). A later call with that key, 16-byte aligned inputs and no profiler hooks is an
+``impl``, the window and softcap; not a call with ALiBi slopes or sinks, tensors whose values
+may change). A later call with that key, 16-byte aligned inputs and no profiler hooks is an
 allocation of O and one call into Triton's C launcher.
 
 The variants of open models (notebooks/15_attention_variants.ipynb): a call of ``flash_attn_v2``
@@ -82,17 +83,13 @@ def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=N
     portable one or the TMA one, as ``best_impl`` or ``impl`` says); a row that sees no key gets
     O = 0 and lse = −inf (the sink).
     """
-    if window_size is not NO_WINDOW or softcap or alibi_slopes is not None or sinks is not None:
-        sm_scale, variant = check_call(q, k, v, causal, sm_scale, window_size, softcap,
-                                       alibi_slopes, sinks)
-        if not (variant.dense and variant.window in (NO_WINDOW, (-1, 0))):
-            check_impl(impl)
-            return flash_attn_variants(q, k, v, sm_scale, variant, return_lse, impl)
-        causal = variant.window == (-1, 0)  # plain (causal) attention as a window: dense path
     key = None
-    if _REMEMBER and not return_lse and not torch.compiler.is_compiling():
-        try:
-            key = (call_key(q, k, v, sm_scale), type(causal), causal, impl)
+    if (_REMEMBER and not return_lse and alibi_slopes is None and sinks is None
+            and not torch.compiler.is_compiling()):
+        try:  # (the window and softcap with their types: True equals 1 but is no number)
+            window = None if window_size is NO_WINDOW else tuple((type(w), w) for w in window_size)
+            key = (call_key(q, k, v, sm_scale), type(causal), causal, impl, window, type(softcap),
+                   softcap)
             fast = _FAST.get(key)
         except (AttributeError, TypeError):  # not a tensor, unhashable: the checks name it
             key = fast = None
@@ -102,6 +99,13 @@ def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=N
                                                       or v.requires_grad))
                 and not hooks_installed()):
             return fast(q, k, v)
+    if window_size is not NO_WINDOW or softcap or alibi_slopes is not None or sinks is not None:
+        sm_scale, variant = check_call(q, k, v, causal, sm_scale, window_size, softcap,
+                                       alibi_slopes, sinks)
+        if not (variant.dense and variant.window in (NO_WINDOW, (-1, 0))):
+            check_impl(impl)
+            return flash_attn_variants(q, k, v, sm_scale, variant, return_lse, impl, key)
+        causal = variant.window == (-1, 0)  # plain (causal) attention as a window: dense path
     sm_scale = check_sm_scale(sm_scale, check_attention_inputs(q, k, v)[-1])
     check_impl(impl)
     if not isinstance(causal, bool):
@@ -115,11 +119,16 @@ def flash_attn_v2(q, k, v, causal=False, sm_scale=None, return_lse=False, impl=N
     else:  # ... and the launch kept for the next call with this key
         o, lse, again = _FORWARDS[impl or best_impl(q, k, v)](q, k, v, causal, sm_scale,
                                                              store_lse=False, bind=True)
-        if again is not None:
-            if len(_FAST) >= 256:  # shapes that change at every call must not grow it
-                _FAST.clear()
-            _FAST[key] = _FastCall(again, o, q)
+        _remember(key, again, o, q)
     return (o, lse) if return_lse else o
+
+
+def _remember(key, again, o, q) -> None:
+    """Keep a call's bound launch ``again`` (None: nothing to keep) under its key."""
+    if again is not None:
+        if len(_FAST) >= 256:  # shapes that change at every call must not grow it
+            _FAST.clear()
+        _FAST[key] = _FastCall(again, o, q)
 
 
 class _FastCall:
@@ -209,24 +218,28 @@ def check_call(q, k, v, causal, sm_scale, window_size, softcap, alibi_slopes, si
 _VARIANT_FORWARDS = {"portable": forward_variants, "hopper": forward_variants_hopper}
 
 
-def _variants_forward(q, k, v, sm_scale, variant, impl, store_lse=True):
+def _variants_forward(q, k, v, sm_scale, variant, impl, **options):
     """The launcher ``impl`` names. "auto": ``best_impl``'s pick for the head dims whose TMA
     config was measured with the variants (``MEASURED_HEAD_DIMS``), else the portable one."""
     if impl == "auto":
         impl = best_impl(q, k, v) if q.shape[-1] in MEASURED_HEAD_DIMS else "portable"
-    return _VARIANT_FORWARDS[impl](q, k, v, sm_scale, variant, store_lse=store_lse)
+    return _VARIANT_FORWARDS[impl](q, k, v, sm_scale, variant, **options)
 
 
-def flash_attn_variants(q, k, v, sm_scale, variant, return_lse=False, impl=None):
+def flash_attn_variants(q, k, v, sm_scale, variant, return_lse=False, impl=None, key=None):
     """The variants' forward (and autograd) on arguments checked as ``flash_attn_v2`` checks
-    them (``check_call``, ``check_impl``)."""
+    them (``check_call``, ``check_impl``); ``key``: the fast path's, to keep the launch under."""
     impl = impl or "auto"
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, variant.sinks))
     if needs_grad or torch.compiler.is_compiling() or return_lse:
         o, lse = _flash_attn_variants_fwd(q, k, v, sm_scale, *_op_args(variant), impl)
-    else:  # eager, no autograd: the launcher directly, without the dispatcher, and no lse
+    elif key is None:  # eager, no autograd: the launcher directly, without the dispatcher
         o, lse = _variants_forward(q, k, v, sm_scale, variant, impl, store_lse=False)
+    else:  # ... and the launch kept for the next call with this key
+        o, lse, again = _variants_forward(q, k, v, sm_scale, variant, impl, store_lse=False,
+                                          bind=True)
+        _remember(key, again, o, q)
     return (o, lse) if return_lse else o
 
 

@@ -76,45 +76,49 @@ def _check_config(config, head_dim: int) -> dict | None:
     return cfg
 
 
-def _check_contiguous(q, k, v, k_name: str) -> None:
-    # The kernels read rows of D numbers at unit stride.
-    for name, t in (("q", q), (k_name, k), ("v" + k_name[1:], v)):
+def _check_cache(q, k, v, lens, table, paged, num_splits, sm_scale, variant_args,
+                 lens_required=True) -> tuple:
+    """(sm_scale, ``Variant``, D) of a call on a contiguous cache k, v (B, H_kv, N_max, D), or
+    (``paged``) on pages (num_blocks, block_size, H_kv, D) and their ``table``; TypeError or
+    ValueError naming the argument. A plan is made before any lengths exist: it passes
+    ``lens_required=False``."""
+    if not paged:
+        B, _, _, _, _, D = check_attention_inputs(q, k, v)
+    else:
+        for name, t in (("q", q), ("k_pages", k), ("v_pages", v)):
+            check_tensor(name, t, 4)
+        B = q.shape[0]
+        if k.shape != v.shape:
+            raise ValueError(f"k_pages and v_pages must have one shape, got {tuple(k.shape)} "
+                             f"and {tuple(v.shape)}")
+        _, block_size, H_kv, D = k.shape
+        # the shared checks, on a (B, H_kv, block_size, D) view of the pages' shape
+        check_attention_inputs(q, *(t[:1].permute(0, 2, 1, 3).expand(B, H_kv, block_size, D)
+                                    for t in (k, v)))
+        check_int_tensor("block_table", table, B, q.device, ndim=2,
+                         shape=f"(B={B}, max_blocks)")
+        if lens is None and lens_required:
+            raise ValueError("cache_seqlens is required for paged_decode (one length per "
+                             "sequence)")
+    k_name = "k_pages" if paged else "k_cache"
+    for name, t in (("q", q), (k_name, k), ("v" + k_name[1:], v)):  # rows of D at unit stride
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dimension (stride 1), "
                              f"got strides {tuple(t.stride())}")
+    if lens is not None:
+        check_int_tensor("cache_seqlens", lens, B, q.device)
+    _check_num_splits(num_splits)
+    variant = check_variants(q, True, *variant_args)  # causal: the window's right is 0
+    tensors = {"alibi_slopes": variant.alibi_slopes, "sinks": variant.sinks}
+    variant = variant._replace(**{n: t.contiguous() for n, t in tensors.items() if t is not None})
+    return check_sm_scale(sm_scale, D), variant, D
 
 
-def _check_cache(q, k_cache, v_cache, cache_seqlens):
-    """(B, H, H_kv, N_q, N_max, D) of a contiguous cache; TypeError/ValueError naming the
-    argument."""
-    B, H, H_kv, N_q, N_max, D = check_attention_inputs(q, k_cache, v_cache)
-    _check_contiguous(q, k_cache, v_cache, "k_cache")
-    if cache_seqlens is not None:
-        check_int_tensor("cache_seqlens", cache_seqlens, B, q.device)
-    return B, H, H_kv, N_q, N_max, D
-
-
-def _check_pages(q, k_pages, v_pages, block_table, cache_seqlens, seqlens_required=True):
-    """(B, H, H_kv, N_q, D, num_blocks, block_size, max_blocks) of a paged cache. A plan is made
-    before any lengths exist: it passes ``seqlens_required=False``."""
-    for name, t in (("q", q), ("k_pages", k_pages), ("v_pages", v_pages)):
-        check_tensor(name, t, 4)
-    if k_pages.shape != v_pages.shape:
-        raise ValueError(f"k_pages and v_pages must have one shape, got {tuple(k_pages.shape)} "
-                         f"and {tuple(v_pages.shape)}")
-    num_blocks, block_size, H_kv, D = k_pages.shape
-    B = q.shape[0]
-    # The shared checks, on a (B, H_kv, block_size, D) view of the pages' shape.
-    views = (t[:1].permute(0, 2, 1, 3).expand(B, H_kv, block_size, D) for t in (k_pages, v_pages))
-    _, H, _, N_q, _, _ = check_attention_inputs(q, *views)
-    _check_contiguous(q, k_pages, v_pages, "k_pages")
-    check_int_tensor("block_table", block_table, B, q.device, ndim=2,
-                     shape=f"(B={B}, max_blocks)")
-    if cache_seqlens is not None:
-        check_int_tensor("cache_seqlens", cache_seqlens, B, q.device)
-    elif seqlens_required:
-        raise ValueError("cache_seqlens is required for paged_decode (one length per sequence)")
-    return B, H, H_kv, N_q, D, num_blocks, block_size, block_table.shape[1]
+def _sizes(k, table) -> tuple:
+    """(num_blocks, page_size, n_max) of a checked cache: its pages', or 1, 1 and its length."""
+    if table is None:
+        return 1, 1, k.shape[2]
+    return k.shape[0], k.shape[1], table.shape[1] * k.shape[1]
 
 
 def check_cache_seqlens(cache_seqlens, n_max: int) -> None:
@@ -154,15 +158,6 @@ def _int32(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype is torch.int32 and t.stride()[-1] == 1 else t.to(torch.int32).contiguous()
 
 
-def _variant(q, window_size, softcap, alibi_slopes, sinks) -> Variant:
-    """The variants of a decode call, checked (``masks.check_variants``; causal: the window's
-    right is 0), the tensors contiguous. Plain attention is ``Variant((-1, 0))``."""
-    variant = check_variants(q, True, window_size, softcap, alibi_slopes, sinks)
-    return variant._replace(**{name: t.contiguous() for name, t in
-                               (("alibi_slopes", alibi_slopes), ("sinks", sinks))
-                               if t is not None})
-
-
 def _stream_id(device_index: int) -> int:
     """The current stream of the GPU ``device_index`` (``Tensor.get_device()``; -1: the CPU).
     Buffers reused by two streams at once would race: each stream gets its own plans."""
@@ -184,11 +179,10 @@ def _capturing(stream: int) -> bool:
 class _Bound:
     """A plan's last step, bound (``DecodePlan._launch``): the split kernel's launch
     ``split(*addresses, *geometry)``, the merge kernel's (``merges``: none or one), and what they
-    were bound for: the cache's and the variants' tensors (the call's inputs; one it allocates,
-    under torch.compile's CUDA graphs the graph's, is never kept), its length, ``geometry`` (the
+    were bound for: the cache and the variant, the cache's length and ``geometry`` (the
     arguments after the addresses), what the compiled kernel depends on (the integers' classes,
-    q's strides, the block table's row stride, whether there are lengths) and the (out, lse)
-    addresses. Slots: its fields are read at every step, faster than a NamedTuple's."""
+    q's strides, the block table's row stride, whether there are lengths), the (out, lse)
+    addresses. Slots: read at every step, faster than a NamedTuple's fields."""
 
     __slots__ = ("k", "v", "variant", "values", "n_max", "geometry", "classes", "q_stride",
                  "table_stride", "no_lens", "split", "merges", "outs")
@@ -337,23 +331,13 @@ def plan_decode(q, k_cache, v_cache, *, block_table=None, num_splits=None, sm_sc
     (On the CPU each ``run`` also checks the lengths' values, and a paged plan's block ids:
     ``DecodePlan.run``'s ``validate``.)
     """
-    if block_table is not None:
-        B, H, H_kv, N_q, D, num_blocks, page_size, max_blocks = _check_pages(
-            q, k_cache, v_cache, block_table, None, seqlens_required=False)
-        n_max = max_blocks * page_size
-    else:
-        B, H, H_kv, N_q, n_max, D = _check_cache(q, k_cache, v_cache, None)
-        num_blocks, page_size = 1, 1
-    _check_num_splits(num_splits)
-    sm_scale = check_sm_scale(sm_scale, D)
-    cfg = _check_config(config, D)
-    variant = _variant(q, window_size, softcap, alibi_slopes, sinks)
-    split = kd.make_plan(B, H, H_kv, N_q, D, n_max, q.device, num_splits=num_splits, config=cfg,
-                         paged=block_table is not None, page_size=page_size,
-                         num_blocks=num_blocks, merge=merge, window=variant.window)
-    plan = DecodePlan(split, q, sm_scale, variant)
+    sm_scale, variant, D = _check_cache(q, k_cache, v_cache, None, block_table,
+                                        block_table is not None, num_splits, sm_scale,
+                                        (window_size, softcap, alibi_slopes, sinks), False)
+    plan = _plan(None, q, k_cache, block_table, num_splits, sm_scale, variant, merge=merge,
+                 config=_check_config(config, D))
     plan.out = empty_output(q)
-    plan.lse = torch.empty((B, H, N_q), device=q.device, dtype=torch.float32)
+    plan.lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
     plan._outs = (plan.out.data_ptr(), plan.lse.data_ptr())
     plan._shapes = (tuple(q.shape), tuple(k_cache.shape),
                     None if block_table is None else tuple(block_table.shape))
@@ -409,19 +393,19 @@ def _plan_key(q, k, v, lens, table, sm_scale, num_splits, variant_args,
             type(sm_scale), sm_scale, options, operator)
 
 
-def _plan(key, q, k, paged, n_max, page_size, num_blocks, num_splits, sm_scale,
-          variant, operator=False) -> DecodePlan:
-    """A new plan for checked arguments, kept under ``key`` (None: not kept). ``operator``: a
-    plan of the operators, whose buffers must be the call's own (under torch.compile's CUDA
-    graphs every allocation belongs to the graph's memory pool): it is kept only where it
-    holds no buffer (one split), and, made for one call, it knows whether it is captured."""
-    B, H, N_q, D = q.shape
-    H_kv = k.shape[2] if paged else k.shape[1]
-    merge = "auto"
+def _plan(key, q, k, table, num_splits, sm_scale, variant, operator=False, merge="auto",
+          config=None) -> DecodePlan:
+    """A new plan for checked arguments, kept under ``key`` (None: not kept; a kept plan of a
+    contiguous cache serves the lengths of its ``_length_bucket``). ``operator``: a plan of the
+    operators, whose buffers must be the call's own (under torch.compile's CUDA graphs every
+    allocation belongs to the graph's memory pool): it is kept only where it holds no buffer
+    (one split), and, made for one call, it knows whether it is captured."""
+    (B, H, N_q, D), (num_blocks, page_size, n_max) = q.shape, _sizes(k, table)
     if operator:
         merge = "kernel" if _capturing(_stream_id(q.get_device())) else "fused"
-    split = kd.make_plan(B, H, H_kv, N_q, D, n_max if paged else _length_bucket(n_max),
-                         q.device, num_splits=num_splits, paged=paged,
+    split = kd.make_plan(B, H, k.shape[1 if table is None else 2], N_q, D,
+                         n_max if key is None or table is not None else _length_bucket(n_max),
+                         q.device, num_splits=num_splits, config=config, paged=table is not None,
                          page_size=page_size, num_blocks=num_blocks, merge=merge,
                          window=variant.window)
     plan = DecodePlan(split, q, sm_scale, variant)
@@ -529,19 +513,9 @@ def _decode(q, k, v, lens, table, num_splits, sm_scale, return_lse, validate, va
         except (AttributeError, IndexError, TypeError):  # the checks below name the argument
             key = None
     if plan is None:  # the checks (a plan is kept only for a key whose checks passed)
-        if paged:
-            D = _check_pages(q, k, v, table, lens)[4]
-        else:
-            D = _check_cache(q, k, v, lens)[5]
-        _check_num_splits(num_splits)
-        sm_scale = check_sm_scale(sm_scale, D)
-        variant = _variant(q, *variant_args)
-    if paged:
-        num_blocks, page_size = k.shape[:2]
-        n_max = table.shape[1] * page_size
-    else:
-        num_blocks = page_size = 1
-        n_max = k.shape[2]
+        sm_scale, variant, _ = _check_cache(q, k, v, lens, table, paged, num_splits, sm_scale,
+                                            variant_args)
+    num_blocks, page_size, n_max = _sizes(k, table)
     if (validate or _FREE_READS) and _checks_values(validate):
         if paged:
             check_block_table(table, lens, num_blocks, page_size, n_max)
@@ -557,8 +531,7 @@ def _decode(q, k, v, lens, table, num_splits, sm_scale, return_lse, validate, va
         o, lse = op(*args, num_splits or 0, sm_scale, variant.window[0], variant.softcap,
                     variant.alibi_slopes, variant.sinks)
     else:
-        plan = plan or _plan(key, q, k, paged, n_max, page_size, num_blocks, num_splits,
-                             sm_scale, variant)
+        plan = plan or _plan(key, q, k, table, num_splits, sm_scale, variant)
         o, lse = _run(plan, q, k, v, lens, table, n_max, variant_args[2], variant_args[3],
                       return_lse, _stream_id(q.get_device()) if key is None else key[0])
     return (o, lse) if return_lse else o
@@ -568,13 +541,14 @@ def _decode(q, k, v, lens, table, num_splits, sm_scale, return_lse, validate, va
 # the operators: typed functions (``course_lib.ops.library``); every call returns new tensors
 # ---------------------------------------------------------------------------------------------
 
-def _op_call(q, k, v, lens, table, n_max, page_size, num_blocks, num_splits, sm_scale,
-             window_left, softcap, alibi_slopes, sinks):
+def _op_call(q, k, v, lens, table, num_splits, sm_scale, window_left, softcap, alibi_slopes,
+             sinks):
     """(o, lse) of an operator's checked arguments; num_splits 0: chosen."""
     variant = Variant((window_left, 0), softcap, alibi_slopes, sinks)
     key = _plan_key(q, k, v, lens, table, sm_scale, num_splits, variant, operator=True)
-    plan = _PLANS.get(key) or _plan(key, q, k, table is not None, n_max, page_size, num_blocks,
-                                    num_splits or None, sm_scale, variant, operator=True)
+    plan = _PLANS.get(key) or _plan(key, q, k, table, num_splits or None, sm_scale, variant,
+                                    operator=True)
+    n_max = _sizes(k, table)[2]
     return _run(plan, q, k, v, lens, table, n_max, alibi_slopes, sinks, True, key[0])
 
 
@@ -588,8 +562,8 @@ def _flash_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Te
                   softcap: float = 0.0, alibi_slopes: Tensor | None = None,
                   sinks: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(o, lse) of ``flash_decode`` on checked inputs."""
-    return _op_call(q, k_cache, v_cache, cache_seqlens, None, k_cache.shape[2], 1, 1,
-                    num_splits, sm_scale, window_left, softcap, alibi_slopes, sinks)
+    return _op_call(q, k_cache, v_cache, cache_seqlens, None, num_splits, sm_scale, window_left,
+                    softcap, alibi_slopes, sinks)
 
 
 @operator(_fake_outputs)
@@ -599,10 +573,8 @@ def _paged_decode(q: Tensor, k_pages: Tensor, v_pages: Tensor, block_table: Tens
                   alibi_slopes: Tensor | None = None,
                   sinks: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(o, lse) of ``paged_decode`` on checked inputs."""
-    num_blocks, block_size = k_pages.shape[:2]
-    return _op_call(q, k_pages, v_pages, cache_seqlens, block_table,
-                    block_table.shape[1] * block_size, block_size, num_blocks, num_splits,
-                    sm_scale, window_left, softcap, alibi_slopes, sinks)
+    return _op_call(q, k_pages, v_pages, cache_seqlens, block_table, num_splits, sm_scale,
+                    window_left, softcap, alibi_slopes, sinks)
 
 
 __all__ = ["DecodePlan", "check_cache_seqlens", "flash_decode", "forget_plans", "paged_decode",

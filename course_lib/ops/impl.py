@@ -28,15 +28,10 @@ def check_impl(impl) -> None:
 def best_impl(q: torch.Tensor, k: torch.Tensor | None = None,
               v: torch.Tensor | None = None) -> str:
     """The implementation ``impl=None`` picks: the Hopper kernel on sm_90 for power-of-two head
-    dims of 64 and more (its TMA tiles span exactly D) and at least ``HOPPER_MIN_PAIRS``
-    query-key pairs (B·H·N_q·N_k), when every input suits TMA (``tma_compatible``); else the
-    portable one. The measurements behind it: the Hopper kernel is faster on the GPU at every
-    shape of the sweep from D 64 on (B·N = 32k: course_lib/data/attention_fwd.json), but even
-    its bound launch has Triton's launcher encode four TMA descriptors, so a call costs the
-    host about 13 µs more. At the capstone's shape (B 1, H 32, H_kv 8, D 64, bf16, causal) on
-    an H100, 2026-11-27 (course_lib/data/perf_notes.md, "O in q's layout ..."): N 2048 (2^27
-    pairs), GPU 65.9 µs portable and 66.0 µs Hopper, host 19.8 and 33.0 µs; N 4096 (2^29), GPU
-    201.4 and 177.1 µs."""
+    dims of 64 and more (its TMA tiles span D), at least ``HOPPER_MIN_PAIRS`` query-key pairs
+    (B·H·N_q·N_k) and inputs that suit TMA (``tma_compatible``); else the portable one. At 2^27
+    pairs both took 66 µs on an H100, and the Hopper launch costs the host 13 µs more (it encodes
+    four TMA descriptors): course_lib/data/perf_notes.md, "O in q's layout"."""
     B, H, N_q, D = q.shape
     N_k = k.shape[-2] if k is not None else N_q
     if (DEVICE == "cuda" and "hopper" in IMPLS and D >= 64 and D & (D - 1) == 0

@@ -1,6 +1,6 @@
 """The public calls' host time, and the GPU speed beside it, for one Triton and one tree.
 
-    python -m course_lib.bench host --out FILE [--gpu]
+    python -m course_lib.bench host --out FILE [--gpu] [--off-path]
 
 ``host``: the CPU time of one call with the GPU idle, at tiny shapes (``dropin.host_rows``:
 ``flash_attn_v2`` by implementation, a planned decode step, ``flash_decode``, SDPA's FLASH and
@@ -38,15 +38,45 @@ def variants_row() -> dict:
     return {n: sorted(t)[1] for n, t in times.items()}
 
 
+def off_path_rows() -> dict:
+    """Host µs per call, in turns, of the calls beside the dense one: ``flash_attn_v2`` with a
+    window, with a softcap, and on inputs that require grad (the forward only), at the host
+    rows' tiny shape; ``flash_decode`` over 32 caches of 1000 to 1031 keys in turn (a cache
+    that grows by a token per call); the dense call and SDPA for scale."""
+    import torch.nn.functional as F
+
+    from course_lib.bench.dropin import host_in_turns
+    from course_lib.ops import flash_attn_v2, flash_decode
+
+    q, k, v = (torch.randn(1, h, 128, 64, device="cuda", dtype=torch.float16) for h in (4, 2, 2))
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    qd = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.float16)
+    caches = [torch.randn(1, 8, n, 128, device="cuda", dtype=torch.float16)
+              for n in range(1000, 1032)]
+    step = iter(range(1 << 62))
+    fns = {"window_us": lambda: flash_attn_v2(q, k, v, causal=True, window_size=(64, 0)),
+           "softcap_us": lambda: flash_attn_v2(q, k, v, causal=True, softcap=30.0),
+           "grad_forward_us": lambda: flash_attn_v2(qg, kg, vg, causal=True),
+           "growing_decode_us": lambda: flash_decode(qd, *[caches[next(step) % 32]] * 2),
+           "dense_us": lambda: flash_attn_v2(q, k, v, causal=True),
+           "sdpa_us": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                             enable_gqa=True)}
+    return host_in_turns(fns)
+
+
 def main(argv=None) -> int:
     from course_lib.bench.dropin import host_rows
 
     parser = argparse.ArgumentParser(prog="python -m course_lib.bench host")
     parser.add_argument("--out", required=True)
     parser.add_argument("--gpu", action="store_true", help="also the GPU speed tables")
+    parser.add_argument("--off-path", action="store_true",
+                        help="also the calls beside the dense one (off_path_rows)")
     args = parser.parse_args(argv)
     require_gpu("the host-time benchmark")
     result = {"environment": environment(), "host": host_rows()}
+    if args.off_path:
+        result["off_path"] = off_path_rows()
     if args.gpu:
         from course_lib.bench.smoke import smoke
         result["smoke"] = smoke()

@@ -632,28 +632,39 @@ def test_a_remembered_call_allocates_like_q_only_where_that_is_os_layout():
         assert launched == [(q.data_ptr(),) * 3 + (again.data_ptr(),) * 2]
 
 
+def _fast_path_stand_in(monkeypatch, table, forward, check):
+    """flash_attn_v2's fast path turned on in the interpreter, which binds no launch: every
+    launcher of ``ops.attention.<table>`` is ``forward``, whose bound launch is a stand-in that
+    records the addresses it is called with (``launched``), and each call of
+    ``ops.attention.<check>`` is counted (``checks``). Returns (launched, checks)."""
+    from course_lib import _launch
+    from course_lib.ops import attention as oa
+
+    launched, checks = [], []
+
+    def stand_in(*args, bind=False, **options):
+        o, lse = forward(*args, **options)
+        return (o, lse, lambda *p: launched.append(p)) if bind else (o, lse)
+
+    monkeypatch.setattr(oa, "_REMEMBER", True)
+    monkeypatch.setattr(_launch, "FAST", True)
+    monkeypatch.setattr(oa, table, {impl: stand_in for impl in oa.IMPLS})
+    real_check = getattr(oa, check)
+    monkeypatch.setattr(oa, check, lambda *a: checks.append(1) or real_check(*a))
+    return launched, checks
+
+
 def test_a_forward_call_shaped_like_an_earlier_one_skips_the_checks(monkeypatch):
     """flash_attn_v2's fast path (the GPU's, turned on here, with a stand-in for the bound
     launch, which the interpreter never makes): the second call with the first's key is an
     allocation laid out as q is and the kept launch at the new addresses, with no checks; bad
     input, a misaligned input, a profiler, and calls that need the autograd or the lse go the
     checked way."""
-    from course_lib import _launch
     from course_lib.ops import attention as oa
     from course_lib.reference import attention
 
-    launched, checks = [], []
-
-    def stand_in(q, k, v, causal, sm_scale, out=None, store_lse=True, bind=False):
-        o, lse = oa.forward_portable(q, k, v, causal, sm_scale, out, store_lse)
-        return (o, lse, lambda *p: launched.append(p)) if bind else (o, lse)
-
-    monkeypatch.setattr(oa, "_REMEMBER", True)
-    monkeypatch.setattr(_launch, "FAST", True)
-    monkeypatch.setattr(oa, "_FORWARDS", {impl: stand_in for impl in oa.IMPLS})
-    real_check = oa.check_attention_inputs
-    monkeypatch.setattr(oa, "check_attention_inputs",
-                        lambda *a: checks.append(1) or real_check(*a))
+    launched, checks = _fast_path_stand_in(monkeypatch, "_FORWARDS", oa.forward_portable,
+                                           "check_attention_inputs")
     q, k, v = _qkv(N_q=7, N_k=7)
     qt = fresh_randn(2, 7, 4, 16).transpose(1, 2)  # (B, H, N, D) seen through a transpose
     first = ops.flash_attn_v2(qt, k, v, causal=True, sm_scale=0.3)
@@ -685,21 +696,11 @@ def test_a_variants_call_shaped_like_an_earlier_one_skips_the_checks(monkeypatch
     """The fast path keeps a call with a window or a softcap (no ALiBi slopes, no sinks: their
     tensors' values may change) under a key that holds them with their types: a repeated call
     is the kept launch; the same numbers as another type, or with sinks, go the checked way."""
-    from course_lib import _launch
     from course_lib.ops import attention as oa
     from course_lib.reference import attention_variants
 
-    launched, checks = [], []
-
-    def stand_in(q, k, v, sm_scale, variant, out=None, store_lse=True, bind=False):
-        o, lse = oa.forward_variants(q, k, v, sm_scale, variant, out, store_lse)
-        return (o, lse, lambda *p: launched.append(p)) if bind else (o, lse)
-
-    monkeypatch.setattr(oa, "_REMEMBER", True)
-    monkeypatch.setattr(_launch, "FAST", True)
-    monkeypatch.setattr(oa, "_VARIANT_FORWARDS", {impl: stand_in for impl in oa.IMPLS})
-    real_check = oa.check_call
-    monkeypatch.setattr(oa, "check_call", lambda *a: checks.append(1) or real_check(*a))
+    launched, checks = _fast_path_stand_in(monkeypatch, "_VARIANT_FORWARDS", oa.forward_variants,
+                                           "check_call")
     q, k, v = _qkv(N_q=9, N_k=9)
     first = ops.flash_attn_v2(q, k, v, causal=True, window_size=(3, 0), softcap=5.0)
     torch.testing.assert_close(first, attention_variants(q, k, v, causal=True,

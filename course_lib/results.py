@@ -983,21 +983,17 @@ def _facts_kernel_docstrings(add, load) -> None:
         "data/attention_bwd.json environment")
     add("kdoc_paged_env", _env_of(dec), f"{src}decode.py",
         "data/decode.json environment: the run of paged_decode / flash_decode", runs=_PAGED_RUN)
-    add("kdoc_dec_env", _env_of(drop), f"{src}decode.py", "data/dropin.json environment")
+    merge = load("decode_merge")
+    add("kdoc_dec_env", _env_of(merge), f"{src}decode.py", "data/decode_merge.json environment")
 
-    def _shape(r):
-        return f"B {r['B']}, N {r['N'] // 1024}k"
+    def _us(ours, cudnn):
+        return ", ".join(f"{r['us'][ours]:.1f} ({r['us'][cudnn]:.1f})"
+                         for r in merge["smoke"]["decode"])
 
-    add("kdoc_dec_graph", "; ".join(
-        f"{_shape(r)} {r['ours_graph_us']:.1f} µs"
-        + (f", {r['ours_graph_gbs'] / drop['copy_gbs']:.1%} of the copy bandwidth"
-           if r["N"] >= 131072 else "") + f" ({r['sdpa_cudnn_graph_us']:.1f} µs)"
-        for r in drop["decode"]), f"{src}decode.py",
-        "data/dropin.json decode: planned step and SDPA cuDNN, CUDA-graph replays")
-    add("kdoc_dec_eager", ", ".join(f"{r['ours_default_us']:.1f}" for r in drop["decode"])
-        + " µs (cuDNN " + ", ".join(f"{r['sdpa_cudnn_us']:.1f}" for r in drop["decode"])
-        + " µs)", f"{src}decode.py", "data/dropin.json decode: default flash_decode and SDPA "
-        "cuDNN, eager")
+    add("kdoc_dec_eager", _us("flash_decode", "cuDNN"), f"{src}decode.py",
+        "data/decode_merge.json smoke: flash_decode and SDPA cuDNN, eager, µs")
+    add("kdoc_dec_graph", _us("plan.run graph", "cuDNN graph"), f"{src}decode.py",
+        "data/decode_merge.json smoke: planned step and SDPA cuDNN, CUDA-graph replays, µs")
     add("kdoc_dec_host", f"{drop['host']['plan_run_us']:.0f} µs", f"{src}decode.py",
         "data/dropin.json host: plan_run_us")
     add("kdoc_mm_env", _env_of(load("matmul")), f"{src}matmul.py",

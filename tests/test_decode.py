@@ -625,9 +625,9 @@ def test_the_merge_adds_the_sink(sink):
     sinks = torch.full((1,), 0.0 if sink is None else sink, device=dev)
     out = poison_(torch.empty(2, 1, 1, D, device=dev))  # (B, H, N_q, D): rows are sequences
     lse = poison_(torch.empty(2, 1, 1, device=dev))
-    dec._decode_merge_kernel[(2,)](o_part.to(dev), lse_part.to(dev), out, lse, sinks, 1, D, D, D,
-                                   N_Q=1, NUM_SPLITS=S, BLOCK_S=triton.next_power_of_2(S),
-                                   HEAD_DIM=D, CHUNK=4, HAS_SINK=sink is not None)
+    dec._decode_merge_kernel[(1,)](o_part.to(dev), lse_part.to(dev), out, lse, sinks, 1, 2, D, D,
+                                   D, N_Q=1, NUM_SPLITS=S, BLOCK_S=triton.next_power_of_2(S),
+                                   HEAD_DIM=D, CHUNK=4, ROWS=4, HAS_SINK=sink is not None)
     for r in range(2):
         torch.testing.assert_close(out[r].reshape(D).cpu(), want_o[r], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(lse[r].reshape(()).cpu(),
@@ -662,7 +662,8 @@ def test_lse_merge_kernel_on_its_own():
     out = poison_(torch.empty(B, H, N_q, D, device=dev))
     lse = poison_(torch.empty(B, H, N_q, device=dev))
     dec._decode_merge_kernel[(B * H * N_q,)](
-        o_part, lse_part, out, lse, lse, H, out.stride(0), out.stride(1), out.stride(2),
+        o_part, lse_part, out, lse, lse, H, B * H * N_q, out.stride(0), out.stride(1),
+        out.stride(2),
         N_Q=N_q, NUM_SPLITS=S, BLOCK_S=triton.next_power_of_2(S), HEAD_DIM=D)
     torch.testing.assert_close(out.cpu(), want_o, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lse.cpu(), want_lse, atol=1e-5, rtol=1e-5)
@@ -1032,7 +1033,7 @@ def test_merge_exercise_solution_equals_the_merge_kernel():
     lse_t = torch.tensor(lse_parts, dtype=torch.float32, device=dev).view(1, 1, 1, S)
     out = poison_(torch.empty(1, 1, 1, D, device=dev))
     lse = poison_(torch.empty(1, 1, 1, device=dev))
-    dec._decode_merge_kernel[(1,)](o_t, lse_t, out, lse, lse, 1, D, D, D, N_Q=1, NUM_SPLITS=S,
+    dec._decode_merge_kernel[(1,)](o_t, lse_t, out, lse, lse, 1, 1, D, D, D, N_Q=1, NUM_SPLITS=S,
                                    BLOCK_S=triton.next_power_of_2(S), HEAD_DIM=D, CHUNK=4)
     want_o, want_lse = merge_partials_solution(o_parts, lse_parts)
     np.testing.assert_allclose(out.cpu().numpy().ravel(), want_o, rtol=1e-5, atol=1e-6)

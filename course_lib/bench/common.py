@@ -32,6 +32,30 @@ def median_ms(fn, warmup_ms: float = 100, rep_ms: float = 500) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def clean_l2_median_ms(fn, reps: int = 100, warmup: int = 10) -> float:
+    """Median time of ``fn()`` in milliseconds, CUDA events, after an L2 flush that leaves no
+    dirty line: 256 MiB written (``do_bench``'s flush), then another 256 MiB read.
+
+    After ``do_bench``'s write-only flush the L2 holds dirty lines (up to its size: 60 MiB on an
+    H200), and the timed call pays for writing them back to HBM: a decode step that reads
+    512 MiB took 135.8 µs after ``do_bench``'s flush, 127.3 µs after this one (an H200,
+    course_lib/data/decode_merge.json); a 2 GiB copy hardly notices."""
+    dirty = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    clean = torch.ones(64 << 20, dtype=torch.float32, device="cuda")
+    for _ in range(warmup):
+        fn()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(reps)]
+    for start, end in events:
+        dirty.zero_()
+        clean.sum()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
 def graph_median_ms(fn, warmup_ms: float = 100, rep_ms: float = 500) -> float:
     """Median time of replaying a CUDA graph of ``fn()``: the GPU's time, without the host's.
 
@@ -59,11 +83,12 @@ def sdpa_backend(name: str):
         yield
 
 
-def copy_bandwidth_gbs(nbytes: int = 2 << 30) -> float:
-    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written."""
+def copy_bandwidth_gbs(nbytes: int = 2 << 30, timer=median_ms) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written; ``timer``
+    (ms of a call): ``median_ms`` or ``clean_l2_median_ms``."""
     src = torch.empty(nbytes // 2, dtype=torch.float16, device="cuda").normal_()
     dst = torch.empty_like(src)
-    ms = median_ms(lambda: dst.copy_(src))
+    ms = timer(lambda: dst.copy_(src))
     return 2 * src.numel() * src.element_size() / (ms * 1e-3) / 1e9
 
 

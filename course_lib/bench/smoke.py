@@ -11,7 +11,9 @@ rounds, the median of each kept; eager calls, or CUDA-graph replays where the ta
   eagerly and as CUDA-graph replays.
 
 FLOPs: forward 4·B·H·N_q·N_k·D (×½ causal), backward 2.5× the forward. Decode: the K/V bytes
-read (2·B·H_kv·N·D·2) over the time, against the copy bandwidth measured in the same run. The
+read (2·B·H_kv·N·D·2) over the time, against the copy bandwidth measured in the same run, timed
+twice: by ``do_bench``, and after a flush that leaves no dirty line in the L2
+(``common.clean_l2_median_ms``), the copy timed the same way. The
 full sweeps are ``python -m course_lib.bench attention|decode|dropin``.
 """
 from __future__ import annotations
@@ -19,23 +21,34 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from course_lib.bench.common import copy_bandwidth_gbs, median_ms, sdpa_backend
+from course_lib.bench.common import (
+    clean_l2_median_ms,
+    copy_bandwidth_gbs,
+    median_ms,
+    sdpa_backend,
+)
 from course_lib.reference import attention_flops
 
 SDPA = {"FLASH": "FLASH_ATTENTION", "cuDNN": "CUDNN_ATTENTION"}
 ROUNDS = 3
 
 
-def _in_turns(fns: dict, rep_ms: float = 100) -> dict:
-    """Median ms of each of ``fns`` ({name: (fn, backend or None)}), the fns taking turns."""
+def _in_turns(fns: dict, rep_ms: float = 100, clean_l2: bool = False) -> dict:
+    """Median ms of each of ``fns`` ({name: (fn, backend or None)}), the fns taking turns;
+    ``clean_l2``: timed by ``clean_l2_median_ms`` instead of ``do_bench``."""
+    def timed(fn):
+        if clean_l2:
+            return clean_l2_median_ms(fn)
+        return median_ms(fn, warmup_ms=25, rep_ms=rep_ms)
+
     times = {name: [] for name in fns}
     for _ in range(ROUNDS):
         for name, (fn, backend) in fns.items():
             if backend is None:
-                times[name].append(median_ms(fn, warmup_ms=25, rep_ms=rep_ms))
+                times[name].append(timed(fn))
             else:
                 with sdpa_backend(backend):
-                    times[name].append(median_ms(fn, warmup_ms=25, rep_ms=rep_ms))
+                    times[name].append(timed(fn))
     return {name: sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
@@ -85,10 +98,12 @@ DECODE_PROVIDERS = ("flash_decode", "cuDNN", "flash_decode graph", "plan.run gra
                     "cuDNN graph")
 
 
-def _decode_rows(copy_gbs: float) -> list[dict]:
+def _decode_rows(copy_gbs: float, copy_clean_gbs: float) -> list[dict]:
     """Decode at N_q 1, H 32, H_kv 8, D 128, fp16, full caches: ``flash_decode`` with its
     default arguments and SDPA cuDNN (``enable_gqa=True``), each called eagerly and replayed as
-    a CUDA graph, and a planned step (``plan_decode``, ``plan.run``) replayed as a graph."""
+    a CUDA graph, and a planned step (``plan_decode``, ``plan.run``) replayed as a graph; timed
+    by ``do_bench`` (``us``) and again after a flush that leaves the L2 clean (``us_clean_l2``,
+    set against the copy timed the same way)."""
     from course_lib.ops import flash_decode, plan_decode
 
     H, H_kv, D = 32, 8, 128
@@ -113,15 +128,20 @@ def _decode_rows(copy_gbs: float) -> list[dict]:
         with sdpa_backend("CUDNN_ATTENTION"):
             want = cudnn().float()
         err = max((f().float() - want).abs().max().item() for f in (ours, planned))
-        ms = _in_turns({"flash_decode": (ours, None), "cuDNN": (cudnn, "CUDNN_ATTENTION"),
-                        "flash_decode graph": (_graph(ours), None),
-                        "plan.run graph": (_graph(planned), None),
-                        "cuDNN graph": (_graph(cudnn, "CUDNN_ATTENTION"), None)}, rep_ms=60)
+        fns = {"flash_decode": (ours, None), "cuDNN": (cudnn, "CUDNN_ATTENTION"),
+               "flash_decode graph": (_graph(ours), None),
+               "plan.run graph": (_graph(planned), None),
+               "cuDNN graph": (_graph(cudnn, "CUDNN_ATTENTION"), None)}
+        ms = _in_turns(fns, rep_ms=60)
+        clean = _in_turns(fns, clean_l2=True)
         nbytes = 2 * B * H_kv * N * D * 2
         rows.append({"B": B, "N": N, "num_splits": plan.num_splits,
                      "config": plan.plan.config, "us": {n: t * 1e3 for n, t in ms.items()},
                      "kv_read_over_copy": {n: nbytes / (t * 1e-3) / 1e9 / copy_gbs
                                            for n, t in ms.items()},
+                     "us_clean_l2": {n: t * 1e3 for n, t in clean.items()},
+                     "kv_read_over_copy_clean_l2": {n: nbytes / (t * 1e-3) / 1e9 / copy_clean_gbs
+                                                    for n, t in clean.items()},
                      "max_err_vs_cudnn": err})
     return rows
 
@@ -151,6 +171,7 @@ def smoke() -> dict:
     """The attention rows (ms, rate, SDPA time / ours: above 1, ours is faster) and the decode
     table (µs per provider, K/V bytes read over the copy bandwidth measured in the same run)."""
     copy_gbs = copy_bandwidth_gbs()
+    copy_clean_gbs = copy_bandwidth_gbs(timer=clean_l2_median_ms)
     rows = _attention_rows()
     for row in rows:
         row["sdpa_time_over_ours"] = {n: row["ms"][n] / row["ms"]["ours"] for n in SDPA}
@@ -158,7 +179,8 @@ def smoke() -> dict:
     return {"harness": "triton.testing.do_bench median (L2 flushed), providers in turns, "
                        f"{ROUNDS} rounds, median kept; eager calls, and CUDA-graph replays where "
                        "a provider says graph",
-            "copy_gbs": copy_gbs, "rows": rows, "decode": _decode_rows(copy_gbs)}
+            "copy_gbs": copy_gbs, "copy_clean_l2_gbs": copy_clean_gbs, "rows": rows,
+            "decode": _decode_rows(copy_gbs, copy_clean_gbs)}
 
 
 def table(result: dict) -> str:
@@ -179,4 +201,11 @@ def table(result: dict) -> str:
                      + "".join(f"{us[p]:>20.1f}" for p in DECODE_PROVIDERS)
                      + f"   {us['flash_decode'] / us['cuDNN']:.3f}, "
                        f"{graph / us['cuDNN graph']:.3f}")
+    lines.append("decode, KV bytes read / copy bandwidth: do_bench's flush / a flush that leaves "
+                 "the L2 clean")
+    for row in result["decode"]:
+        if "kv_read_over_copy_clean_l2" in row:
+            a, c = row["kv_read_over_copy"], row["kv_read_over_copy_clean_l2"]
+            lines.append(f"{row['B']:>2}, {row['N']:<6}" + "".join(
+                f"{f'{a[p]:.2f} / {c[p]:.2f}':>20}" for p in DECODE_PROVIDERS))
     return "\n".join(lines)

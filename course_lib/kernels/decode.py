@@ -15,10 +15,10 @@ tile is read from HBM once. The loop is FlashAttention-2's online softmax in bas
 the ``N_q`` rows (bottom-right aligned to ``L_b``). It writes the split's normalised ``o_s``
 (fp32) and its natural-log ``lse_s``; a single split writes the answer itself.
 
-The merge (``decode_merge.py``: lesson 01's (m, d) merge) is a kernel of one program per query
-row, or ends the split kernel (``FUSED_MERGE``): each program counts itself in with an atomic add
+The merge (``decode_merge.py``: lesson 01's (m, d) merge) ends the split kernel (``FUSED_MERGE``)
+or is a kernel of its own (``MERGES``). Fused, each program counts itself in with an atomic add
 on its rows' counter (release-acquire, after a barrier: NVIDIA's threadFenceReduction CUDA
-sample); the last one merges the rows (``_merge_row``) and resets the counter to 0.
+sample); the last one merges the rows (``_merge_rows``) and resets the counter to 0.
 
 Lesson 15's variants come as one tuple, ``VARIANT`` (``band.variant_args``), whose absent
 fields compile to nothing: the cap and the ALiBi bias (``_variant_scores``), the sink joining the
@@ -33,15 +33,13 @@ and ``run()``), so a step can be captured in a CUDA graph. The kernel clamps len
 ids: a wrong value gives a wrong answer, never a read outside the cache. The validated functions
 are ``course_lib.ops.flash_decode`` and ``paged_decode``.
 
-Speed (N_q 1, H 32, H_kv 8, D 128, fp16; ``do_bench`` median, L2 flushed; both sides in one run;
-course_lib/data/dropin.json) on an NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0,
-2026-11-27. Planned step as a CUDA graph, against SDPA cuDNN's graph: B 1, N 4k 16.4 µs (18.7 µs);
-B 1, N 128k 188.6 µs, 94.3% of the copy bandwidth (192.8 µs); B 8, N 4k 62.1 µs (63.9 µs); B 64,
-N 2k 190.9 µs (190.7 µs). ``flash_decode`` eagerly, default arguments: 19.3, 190.9, 62.6, 191.0 µs
-(cuDNN 19.8, 193.9, 63.4, 190.3 µs). Host time of a planned step, GPU idle: 6 µs. NVIDIA H100
-80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-24 (decode.json): paged_decode / flash_decode
-latency 1.02–1.07× at every shape. On an H200: data/decode_tiles_h200.json; the story:
-perf_notes.md.
+Speed on an NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-11-29 (N_q 1, H 32, H_kv 8, D 128,
+fp16, ``do_bench`` median; data/decode_merge.json, "smoke"), µs, ours (SDPA cuDNN in the same run)
+at B 1 N 4k, B 1 N 128k, B 8 N 4k, B 8 N 128k, B 64 N 2k: ``flash_decode`` eagerly 15.0 (17.3),
+134.6 (137.2), 47.2 (49.5), 937.4 (941.9), 132.9 (134.3); a planned step as a CUDA graph 15.1
+(16.9), 134.7 (136.4), 47.4 (48.5), 937.9 (942.5), 133.7 (134.8). On an NVIDIA H100 80GB HBM3,
+torch 2.11.0+cu130, triton 3.6.0, 2026-11-24 (decode.json): paged_decode / flash_decode latency
+1.02–1.07× at every shape; a planned step's host time 6 µs (dropin.json). The story: perf_notes.md.
 """
 from __future__ import annotations
 
@@ -65,7 +63,7 @@ from course_lib.kernels.band import (
     _variant_scores,
     variant_args,
 )
-from course_lib.kernels.decode_merge import _decode_merge_kernel, _merge_row
+from course_lib.kernels.decode_merge import _decode_merge_kernel, _merge_rows
 from course_lib.masks import Variant
 
 MAX_SPLITS = 256
@@ -88,11 +86,11 @@ DECODE_CONFIGS = {d: dict(BLOCK_N=128, num_warps=4, num_stages=3) for d in (16, 
 DECODE_CONFIGS[128] = dict(BLOCK_N=64, num_warps=4, num_stages=3)  # pick_config refines it
 DECODE_CONFIGS[256] = dict(BLOCK_N=32, num_warps=4, num_stages=3)
 INTERPRET_CONFIG = dict(BLOCK_N=16, num_warps=4, num_stages=1)
-# The merge: by the last split of a group of rows ("fused": one launch) or a second kernel
-# ("kernel"). "auto" fuses eagerly (the host's time per launch decides a short step) and takes the
-# merge kernel in a CUDA-graph capture (its GPU time was the shorter: data/decode_sweep.json).
+# The merge: by the last split of a group of rows ("fused") or a second kernel ("kernel"). "auto"
+# fuses, but in a plan made in a CUDA-graph capture (zeroing the counters would add a node).
 MERGES = ("fused", "kernel")
-MERGE_CHUNK = 32  # splits merged per step of the merge loop
+MERGE_CHUNK = 16  # splits merged per step of the merge loop
+MERGE_ROWS = tl.constexpr(4)  # rows merged side by side (``_merge_rows``): their loads go together
 INTERPRET_MAX_SPLITS = 4  # the interpreter runs programs one after another: keep it small
 
 
@@ -243,14 +241,15 @@ def _decode_split_kernel(
             if arrived == NUM_SPLITS - 1:
                 tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
                 rows_end = tl.minimum(m_tile * BLOCK_M + BLOCK_M, GROUP * N_Q)
-                for r in range(m_tile * BLOCK_M, rows_end):
-                    head_r = g * GROUP + r // N_Q
-                    qi_r = r % N_Q
-                    sink_r = _sink_logit(VARIANT, head_r)
-                    _merge_row(O_PART, LSE_PART, (b * H + head_r) * N_Q + qi_r,
-                               OUT + b.to(tl.int64) * stride_ob + head_r * stride_oh
-                               + qi_r * stride_om, LSE_OUT, sink_r,
-                               NUM_SPLITS, BLOCK_S, HEAD_DIM, CHUNK, HAS_SINKS)
+                for r0 in range(m_tile * BLOCK_M, rows_end, MERGE_ROWS):  # rows side by side
+                    r = r0 + tl.arange(0, MERGE_ROWS)
+                    r_ok = r < rows_end
+                    head_r, qi_r = g * GROUP + r // N_Q, r % N_Q
+                    _merge_rows(O_PART, LSE_PART, (b * H + head_r) * N_Q + qi_r, r_ok,
+                                OUT + b.to(tl.int64) * stride_ob + head_r[:, None] * stride_oh
+                                + qi_r[:, None] * stride_om + offs_d[None, :], LSE_OUT,
+                                _sink_logit(VARIANT, tl.where(r_ok, head_r, 0)), MERGE_ROWS,
+                                NUM_SPLITS, BLOCK_S, HEAD_DIM, CHUNK, HAS_SINKS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -373,6 +372,8 @@ def make_plan(B: int, H: int, H_kv: int, N_q: int, D: int, n_max: int, device, *
     cache of ``INTERLEAVE_MIN_TILES`` tiles on)."""
     if merge not in ("auto", *MERGES):
         raise ValueError(f"merge must be one of {('auto', *MERGES)}, got {merge!r}")
+    if merge == "auto":  # fused, unless its counters would be zeroed inside a CUDA-graph capture
+        merge = "kernel" if capturing() else "fused"
     rows = (H // H_kv) * N_q
     block_m = max(16, min(64, next_pow2(rows)))  # rows per program: >= 16, tl.dot's minimum
     m_tiles = cdiv(rows, block_m)
@@ -442,7 +443,7 @@ def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, ou
     stride_bt = block_table.stride(0) if plan.paged else 0
     cfg, B, H, N_q, D, S = plan.config, plan.B, plan.H, plan.N_q, plan.D, plan.num_splits
     has_seqlens = seqlens is not None
-    fused = plan.merge == "fused" or plan.merge == "auto" and not capturing()  # (``MERGES``)
+    fused = plan.merge != "kernel"  # (``make_plan`` decides "auto")
     block_s = next_pow2(S)
     chunk = min(MERGE_CHUNK, block_s)  # one chunking for both merges: the same sums
     # One split never touches the scratch buffers (NUM_SPLITS == 1 is a compiled variant of its
@@ -465,11 +466,12 @@ def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, ou
                    num_stages=cfg["num_stages"])
     launches = [split]
     if S > 1 and not fused:
-        merge = launch(0 if bind else None, _decode_merge_kernel, (B * H * N_q,),
+        merge = launch(0 if bind else None, _decode_merge_kernel,
+                       (cdiv(B * H * N_q, MERGE_ROWS.value),),
                        plan.o_part, plan.lse_part, out, lse, lse if sinks is None else sinks,
-                       H, so[0], so[1], so[2], N_Q=N_q, NUM_SPLITS=S, BLOCK_S=block_s,
-                       HEAD_DIM=D, CHUNK=chunk, HAS_SINK=sinks is not None,
-                       num_warps=4 if D >= 128 else 2)
+                       H, B * H * N_q, so[0], so[1], so[2], N_Q=N_q, NUM_SPLITS=S,
+                       BLOCK_S=block_s, HEAD_DIM=D, CHUNK=chunk, ROWS=MERGE_ROWS,
+                       HAS_SINK=sinks is not None, num_warps=4 if D >= 128 else 2)
         launches.append(merge)
     if bind:
         return None if any(f is None for f in launches) else launches

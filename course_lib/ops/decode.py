@@ -399,10 +399,8 @@ def _plan(key, q, k, table, num_splits, sm_scale, variant, operator=False, merge
     contiguous cache serves the lengths of its ``_length_bucket``). ``operator``: a plan of the
     operators, whose buffers must be the call's own (under torch.compile's CUDA graphs every
     allocation belongs to the graph's memory pool): it is kept only where it holds no buffer
-    (one split), and, made for one call, it knows whether it is captured."""
+    (one split)."""
     (B, H, N_q, D), (num_blocks, page_size, n_max) = q.shape, _sizes(k, table)
-    if operator:
-        merge = "kernel" if _capturing(_stream_id(q.get_device())) else "fused"
     split = kd.make_plan(B, H, k.shape[1 if table is None else 2], N_q, D,
                          n_max if key is None or table is not None else _length_bucket(n_max),
                          q.device, num_splits=num_splits, config=config, paged=table is not None,

@@ -1,4 +1,5 @@
-"""The notebooks' run (nbval): no exercise's answer is printed above its stub.
+"""The notebooks' run (nbval): no exercise's answer is printed above its stub, and no question's
+number above the cell that asks for it.
 
 While nbval runs a notebook cell by cell, each cell's printed output is kept; at the last code
 cell, ``course_lib.exercises.leaks`` looks for the key lines of the notebook's exercises in the
@@ -56,11 +57,12 @@ def pytest_runtest_makereport(item, call):
     last = max(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
     if index != last:
         return
-    from course_lib.exercises.leaks import leaks
+    from course_lib.exercises.leaks import answer_leaks, leaks
 
     printed = _OUTPUTS.pop(path)
     cells = [(c.cell_type, c.source, printed.get(i, "")) for i, c in enumerate(nb.cells)]
-    found = leaks(Path(path).stem, cells, parts=("output",))
+    found = (leaks(Path(path).stem, cells, parts=("output",))
+             + answer_leaks(Path(path).stem, cells, parts=("output",)))
     report = outcome.get_result()
     if found and report.passed:
         report.outcome = "failed"

@@ -1366,9 +1366,34 @@ def gpu_check_line() -> str:
         + (f", {p['skipped']} skipped" if p.get("skipped") else "")
         + (", then stopped by the time limit" if p.get("timed_out") else "")
         for name, p in record["parts"].items() if name != "bench")
-    return (f"The last `./course gpu-check` (`course_lib/data/gpu_check.json`): {env['gpu']}, "
+    line = (f"The last `./course gpu-check` (`course_lib/data/gpu_check.json`): {env['gpu']}, "
             f"torch {env['torch']}, triton {env['triton']}, commit {env['commit'][:7]}, "
             f"{env['date']}: {parts}; {record['wall_s']:.0f} s in all.")
+    return line + _gpu_check_bench(record.get("bench"))
+
+
+def _gpu_check_bench(bench: dict | None) -> str:
+    """The sentence on a gpu-check's benchmark (``bench.smoke``): forward and backward against
+    cuDNN, the decode's time over cuDNN's, its read of K and V against the copy."""
+    if not bench or "copy_clean_l2_gbs" not in bench:
+        return ""
+    fwd, bwd = (r["rate"] for r in bench["rows"])
+    dec = bench["decode"]
+
+    def span(ours, cudnn):
+        return _span([r["us"][ours] / r["us"][cudnn] for r in dec], fmt="{:.3f}")
+
+    long = next(r for r in dec if r["B"] == 1 and r["N"] >= 131072)
+    a, c = long["kv_read_over_copy"], long["kv_read_over_copy_clean_l2"]
+    return (f" Its benchmark (`do_bench` median, SDPA in the same run, in turns; fp16, causal, "
+            f"B 4, H 16, N 4k, D 128): forward {fwd['ours']:.0f} TFLOP/s (cuDNN "
+            f"{fwd['cuDNN']:.0f}), backward {bwd['ours']:.0f} ({bwd['cuDNN']:.0f}); decode (H 32, "
+            f"H_kv 8, D 128, B 1–64, N 2k–128k), our time over cuDNN's: "
+            f"{span('flash_decode', 'cuDNN')} eagerly, "
+            f"{span('plan.run graph', 'cuDNN graph')} as CUDA graphs (a planned step); at B 1, "
+            f"N 128k the step reads K and V at {a['flash_decode']:.2f} of the copy bandwidth "
+            f"measured in the same run (cuDNN {a['cuDNN']:.2f}), {c['flash_decode']:.2f} "
+            f"({c['cuDNN']:.2f}) after a flush that leaves the L2 clean.")
 
 
 def readme_problems(text: str | None = None) -> list[str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from course_lib.exercises import Exercise, catalogue
-from course_lib.exercises.leaks import key_lines, leaks
+from course_lib.exercises.leaks import answer_leaks, key_lines, leaks
 
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISES = {n: e for n, e in catalogue().items() if isinstance(e, Exercise)}
@@ -22,6 +22,24 @@ def cells(lesson: str):
 def test_no_answer_above_its_exercise(lesson):
     found = leaks(lesson, cells(lesson), EXERCISES)
     assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("lesson", sorted({q.lesson for q in catalogue().values()
+                                           if not isinstance(q, Exercise)}))
+def test_no_question_answered_above_it(lesson):
+    """No markdown cell above a question writes the number it asks for."""
+    found = answer_leaks(lesson, cells(lesson), parts=("source",))
+    assert not found, "\n".join(found)
+
+
+def test_a_printed_number_is_found():
+    """The answer rounded to the digits printed counts; a number of two digits does not."""
+    from course_lib.exercises import Question
+
+    q = Question("q_test", "00_setup", "asks", "answer", value=7.8027)
+    page = [("code", "", "ceiling 7.80x, 64 tiles, 8.0"), ("code", "check_answer('q_test', x)", "")]
+    found = answer_leaks("00_setup", page, {"q_test": q})
+    assert len(found) == 1 and "shows 7.80" in found[0]
 
 
 def test_every_exercise_has_key_lines():

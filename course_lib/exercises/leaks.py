@@ -10,9 +10,10 @@ notebook's cells, given as (cell type, source, printed output) in order:
 * in every other exercise's stub below it (a later skeleton that shows an earlier answer).
 
 The library's own version of what the student writes may come after the stub: the student
-meets it once the check has passed. tests/test_exercise_leaks.py runs it on every notebook's
-source; the notebooks' run (nbval, ``conftest.py`` at the repository's root) runs it on their
-outputs as they are printed.
+meets it once the check has passed. A question's number (``answer_leaks``) is not printed, and
+not written in the text, above the cell that asks for it. tests/test_exercise_leaks.py runs both
+on every notebook's source; the notebooks' run (nbval, ``conftest.py`` at the repository's root)
+runs them on their outputs as they are printed.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import textwrap
 
 from course_lib.exercises.sandbox import python_function
 
+_NUMBER = re.compile(r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?![\d.])")  # 7.80 in "7.80x" too
 MIN_KEY_LENGTH = 13  # shorter lines (``x = x + 1``) say too little to be an answer
 _BARE_RETURN = re.compile(r"return [\w, ()]*$")  # ``return dq, dk, dv``: names, no answer
 
@@ -111,3 +113,37 @@ def hide(text: str, name: str) -> str:
             out.append(line)
             hidden = False
     return "\n".join(out)
+
+
+def _gives(token: str, value: float) -> bool:
+    """Whether the printed number ``token`` is ``value`` rounded to the digits it shows, with at
+    least three significant digits (a 4 or a 64 is no answer)."""
+    digits = token.replace(",", "")
+    if len(digits.replace(".", "").lstrip("0")) < 3:
+        return False
+    places = len(digits.split(".")[1]) if "." in digits else 0
+    return abs(float(digits) - abs(value)) < 0.5 * 10.0 ** -places
+
+
+def answer_leaks(lesson: str, cells, questions=None, parts=("source", "output")) -> list[str]:
+    """Where the number a question of ``lesson`` asks for shows above the cell that asks it:
+    in the text of a markdown cell or in a cell's printed output. ``cells`` as for ``leaks``;
+    ``questions``: {name: Question} (default: the catalogue's)."""
+    if questions is None:
+        from course_lib.exercises import Question, catalogue
+
+        questions = {n: q for n, q in catalogue().items() if isinstance(q, Question)}
+    found = []
+    for name, q in questions.items():
+        if q.lesson != lesson or not q.value:
+            continue
+        at = next((i for i, (kind, source, _) in enumerate(cells)
+                   if kind == "code" and (f"'{name}'" in source or f'"{name}"' in source)), None)
+        for j, (kind, source, output) in enumerate(cells[:at]):
+            texts = {"source": source if kind == "markdown" else "", "output": output}
+            for part in parts:
+                for token in _NUMBER.findall(texts[part]):
+                    if _gives(token, q.value):
+                        found.append(f"{lesson}: cell {j} ({kind} {part}) shows {token}, the "
+                                     f"answer of {name!r} (asked in cell {at})")
+    return found

@@ -66,23 +66,35 @@ def plot_attention(result: dict) -> Figure:
 
 
 def plot_hbm(result: dict) -> Figure:
-    """Measured DRAM bytes (read + written) per implementation next to the predictions."""
+    """Measured DRAM bytes per implementation: read and written side by side, their total as a
+    tick, the IO model's prediction as a diamond (log scale, its bottom below the smallest bar)."""
+    import numpy as np
+
     rows = [r for r in result["rows"] if r.get("read_gb") is not None]
-    fig = Figure(figsize=(7.5, 4), layout="constrained")
+    fig = Figure(figsize=(8, 4.6), layout="constrained")
     ax = fig.subplots()
-    names = [r["target"] for r in rows]
-    ax.bar(names, [r["read_gb"] for r in rows], label="read (measured)", color="tab:blue")
-    ax.bar(names, [r["write_gb"] for r in rows], bottom=[r["read_gb"] for r in rows],
-           label="written (measured)", color="tab:orange")
+    x = np.arange(len(rows))
+    read = [r["read_gb"] for r in rows]
+    write = [r["write_gb"] for r in rows]
+    ax.bar(x - 0.2, read, 0.4, label="read (measured)", color="tab:blue")
+    ax.bar(x + 0.2, write, 0.4, label="written (measured)", color="tab:orange")
+    ax.hlines([r + w for r, w in zip(read, write)], x - 0.4, x + 0.4, color="black", lw=2,
+              zorder=3, label="total (measured)")
     pred = [(i, r["predicted_gb"]) for i, r in enumerate(rows) if r.get("predicted_gb")]
     if pred:
-        ax.scatter(*zip(*pred), marker="_", s=900, color="black", zorder=3,
-                   label="IO-model prediction")
-    ax.axhline(result["minimum_gb"], color="gray", ls=":", label="minimum: Q, K, V, O once")
+        ax.scatter(*zip(*pred), marker="D", s=30, facecolor="white", edgecolor="black",
+                   zorder=4, label="total, IO-model prediction")
+    ax.axhline(result["minimum_gb"], color="gray", ls=":",
+               label="minimum: Q, K, V read, O and lse written once")
     ax.set_yscale("log")
+    low = min(read + write + [result["minimum_gb"]])
+    high = max(r + w for r, w in zip(read, write))
+    ax.set_ylim(low / 3, high * 40)  # room above the bars for the legend
     ax.set_ylabel("GB moved to and from HBM")
-    ax.tick_params(axis="x", labelrotation=20)
-    ax.legend(fontsize=8)
+    ax.set_xticks(x, [r["target"] for r in rows], rotation=30, ha="right",
+                  rotation_mode="anchor")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=9, loc="upper right")
     s = result["shape"]
     fig.suptitle(_title(result, f"HBM traffic, B={s['B']} H={s['H']} N={s['N']} d={s['D']} "
                                 f"{s['dtype']} forward,"), fontsize=9)

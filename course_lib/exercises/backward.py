@@ -1,15 +1,17 @@
-"""Exercises of notebooks/10_backward.ipynb: the backward's two Triton kernels the student
-writes (delta, then the dK/dV loop), the five formulas, delta without P, and the HBM count of
-the standard backward.
+"""Exercises of notebooks/10_backward.ipynb, numbered as the notebook numbers them (each sits
+beside its material, before the cells that would give its answer): the five formulas, delta
+without P, the backward's Triton kernels the student writes, and the HBM count of the standard
+backward.
 
-1. ``delta_kernel`` (Triton, the warm-up): delta = rowsum(dO ∘ O), one program per BLOCK_M rows;
-2. ``dkdv_kernel`` (Triton): one program per K/V block, the Q and dO blocks streamed past; the
+1. ``attention_backward`` (section 1): dQ, dK, dV of one head from the five formulas, against
+   autograd;
+2. ``delta`` (section 2): rowsum(dO ∘ O), which equals rowsum(P ∘ dP) without P;
+3. ``delta_kernel`` (Triton, the warm-up): delta = rowsum(dO ∘ O), one program per BLOCK_M rows;
+4. ``dkdv_kernel`` (Triton): one program per K/V block, the Q and dO blocks streamed past; the
    student recomputes P from the saved base-2 lse and writes the four products;
-2b. ``one_pass_kernel`` (Triton): the same loop with the fifth product, dQ = τ dS K, added into
+4b. ``one_pass_kernel`` (Triton): the same loop with the fifth product, dQ = τ dS K, added into
    an fp32 dQ by every key block's program with atomic adds (FlashAttention-2's one pass);
-3. ``attention_backward``: dQ, dK, dV of one head from the five formulas, against autograd;
-4. ``delta``: rowsum(dO ∘ O), which equals rowsum(P ∘ dP) without P;
-5. ``standard_backward_elements``: Algorithm 3's HBM accesses in closed form.
+5. ``standard_backward_elements`` (section 7): Algorithm 3's HBM accesses in closed form.
 
 The Triton checkers launch the kernel themselves (``prepare_*``) with the outputs poisoned, on
 ragged shapes, N_q ≠ N_k, causal rows that see no key; the dK/dV kernel is compared with
@@ -55,7 +57,7 @@ def _describe_heads(case):
 
 
 # =============================================================================================
-# 1. the preprocessing kernel: delta = rowsum(dO ∘ O)
+# 3. the preprocessing kernel: delta = rowsum(dO ∘ O)
 # =============================================================================================
 
 # --- what the notebook shows ----------------------------------------------------------------
@@ -138,7 +140,7 @@ register(Exercise(
 
 
 # =============================================================================================
-# 2. the dK/dV kernel: a K/V block stays on chip, the Q and dO blocks stream past
+# 4. the dK/dV kernel: a K/V block stays on chip, the Q and dO blocks stream past
 # =============================================================================================
 
 # --- what the notebook shows ----------------------------------------------------------------
@@ -309,7 +311,7 @@ register(Exercise(
 
 
 # =============================================================================================
-# 2b. one pass, five matmuls: dQ added by every key block's program (atomic adds)
+# 4b. one pass, five matmuls: dQ added by every key block's program (atomic adds)
 # =============================================================================================
 
 # --- what the notebook shows ----------------------------------------------------------------
@@ -335,16 +337,16 @@ def one_pass_kernel(Q, K, V, DO, LSE2, Delta, DQ, DK, DV, sm_scale, N_Q, N_K,
     for start_m in range(0, N_Q, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         rows = offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-        q = ...  # TODO: your exercise 2 lines: the tiles of Q and dO, lse2 and delta
+        q = ...  # TODO: your exercise 4 lines: the tiles of Q and dO, lse2 and delta
         do = ...  # TODO
         lse2 = ...  # TODO
         delta = ...  # TODO
-        p = ...  # TODO: as in exercise 2: P of this block from lse2
+        p = ...  # TODO: as in exercise 4: P of this block from lse2
         if CAUSAL:
-            p = ...  # TODO: as in exercise 2
-        dv = ...  # TODO: as in exercise 2
-        ds = ...  # TODO: as in exercise 2 (dP first, then P ∘ (dP − delta))
-        dk = ...  # TODO: as in exercise 2
+            p = ...  # TODO: as in exercise 4
+        dv = ...  # TODO: as in exercise 4
+        ds = ...  # TODO: as in exercise 4 (dP first, then P ∘ (dP − delta))
+        dk = ...  # TODO: as in exercise 4
         dq = ...  # TODO: this key block's share of dQ for rows offs_m, (BLOCK_M, HEAD_DIM)
         ...  # TODO: add it into DQ's rows offs_m: other programs add theirs to the same rows
     tl.store(DK + kv_ptrs, dk, mask=offs_n[:, None] < N_K)
@@ -420,7 +422,7 @@ def check_one_pass(kernel, show: bool = True) -> Result:
 
 register(Exercise(
     name="one_pass_kernel", lesson="10_backward", kind="triton",
-    writes="the dK/dV loop body of exercise 2 again, plus dQ: this key block's share, τ dS K, "
+    writes="the dK/dV loop body of exercise 4 again, plus dQ: this key block's share, τ dS K, "
            "added with atomic adds",
     lines=12, check=check_one_pass, solution=_one_pass_solution, stub=one_pass_kernel,
     extra=(prepare_one_pass,),
@@ -443,7 +445,7 @@ register(Exercise(
 
 
 # =============================================================================================
-# 3. the five formulas
+# 1. the five formulas
 # =============================================================================================
 
 # --- what the notebook shows ----------------------------------------------------------------
@@ -532,7 +534,7 @@ register(Exercise(
 
 
 # =============================================================================================
-# 4. delta without P
+# 2. delta without P
 # =============================================================================================
 
 # --- what the notebook shows ----------------------------------------------------------------

@@ -135,9 +135,15 @@ def tflops_table(result: dict) -> str:
 
 
 def summary_rows(result: dict) -> list[dict]:
+    """Per shape: the fastest v2 forward, or in a backward run the mean of the v2 columns (each
+    forward's results go through the same backward kernels: the columns differ by noise)."""
     out = []
     for r in result["rows"]:
         name, v2 = best_v2(r)
+        speeds = [rec["tflops"] for n, rec in r["results"].items()
+                  if n.startswith("v2-") and rec.get("tflops") is not None]
+        if result["mode"] == "bwd" and speeds:
+            name, v2 = "v2 (mean)", sum(speeds) / len(speeds)
         res = r["results"]
         ref = res.get(REFERENCE, {}).get("tflops")
         cudnn = res.get("sdpa-CUDNN_ATTENTION", {}).get("tflops")

@@ -127,7 +127,8 @@ def roofline(gpu: GPUSpec | str, ops: Sequence[Op], ax=None, dtype: str = "fp16"
                                 "shrinkA": 0, "shrinkB": 4})
     ax.set_xlim(lo, hi)
     ax.set_ylim(min(gpu.hbm_tbs * lo, peak) / 3, peak * 2.5)
-    ax.set_xlabel("arithmetic intensity (FLOP per byte of HBM traffic)")
+    memory = gpu.memory_type or "DRAM"   # HBM3, GDDR6, …: the L4's DRAM is no HBM
+    ax.set_xlabel(f"arithmetic intensity (FLOP per byte of {memory} traffic)")
     ax.set_ylabel("attainable TFLOP/s")
     ax.set_title(title or f"Roofline of the {gpu.name} ({dtype})")
     if legend:

@@ -266,8 +266,10 @@ def test_notebook_text_states_the_measured_closed_forms():
     """The lesson's prose quotes the same closed forms that the counts are checked against."""
     nb = json.loads((ROOT / "notebooks" / "01_softmax.ipynb").read_text(encoding="utf-8"))
     text = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
-    for v in softmax_cost.VARIANTS.values():
-        assert v.flops_label in text, f"the lesson does not state {v.flops_label}"
+    for v in softmax_cost.VARIANTS.values():  # in plain text or in LaTeX
+        latex = (v.flops_label.replace("s²", "s^2").replace("−", "-")
+                 .replace("⌈s/B⌉", "\\lceil s/B \\rceil"))
+        assert v.flops_label in text or latex in text, f"the lesson does not state {v.flops_label}"
 
 
 # ----------------------------------------------------------------------------- widget, figures

@@ -307,8 +307,12 @@ def draw_dot(K: int, block_k: int, rows: int = 16, cols: int = 16):
             fontsize=FONT)
     ax.text(b_left + cols / 2, -a_top - rows / 2, f"acc\n{rows} × {cols}\nfp32",
             ha="center", va="center", fontsize=FONT)
+    pad = lanes - K   # on the last step: columns of a and rows of b past K
+    past = (f"\nlast step: the last {pad} columns\nof a and {pad} rows of b lie past K,"
+            f"\nmasked off: {rows}·{pad} + {pad}·{cols} = {(rows + cols) * pad}"
+            f" lanes read 0" if pad else "\nno lane lies past K")
     ax.text(0, -1.0, f"one program, C = A·B\nK = {K} in {steps} steps of BLOCK_K = {block_k};"
-            f"\n{lanes - K} lanes past K masked off\n(they read 0)\n\nstep s, k0 = s·{block_k}:"
+            f"{past}\n\nstep s, k0 = s·{block_k}:"
             f"\n  a = A[:, k0 : k0 + {block_k}]\n  b = B[k0 : k0 + {block_k}, :]"
             f"\n  acc += a · b", va="top", fontsize=FONT)
     _finish(ax, -0.5, b_left + cols + 0.5, -1.6, a_top + rows + 3.2)

@@ -102,9 +102,14 @@ def draw_step(x, k: int, block_size: int = 1, fig=None):
     if st.m_old != -math.inf:
         ax_x.axhline(st.m_old, color="C0", ls="--", lw=1, label=f"m_old = {st.m_old:.2f}")
     ax_x.axhline(st.m_new, color="C3", lw=1.5, label=f"m_new = {st.m_new:.2f}")
-    ax_x.set(title=f"step {k + 1}/{len(steps)}: elements {st.lo}…{st.hi - 1} enter",
-             ylabel="x_j", xticks=j)
-    ax_x.legend(loc="lower right", fontsize=8)
+    entering = (f"element {st.lo} enters" if st.hi - st.lo == 1
+                else f"elements {st.lo}…{st.hi - 1} enter")
+    # headroom above the row's maximum for the legend, so that it covers no bar and no line
+    lo_y, hi_y = min(0.0, x.min()), max(0.0, x.max())
+    span = max(hi_y - lo_y, 1e-9)
+    ax_x.set(title=f"step {k + 1}/{len(steps)}: {entering}", ylabel="x_j", xticks=j,
+             ylim=(lo_y - 0.1 * span, hi_y + 0.45 * span))
+    ax_x.legend(loc="upper left", ncol=2, fontsize=8)
 
     done = j < st.hi
     terms = np.where(done, np.exp(x - st.m_new), 0.0)

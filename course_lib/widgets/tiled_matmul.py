@@ -147,14 +147,21 @@ def draw(m: int = 32, n: int = 32, k: int = 32, tile=16, step: int = 0, figsize=
     # legend block in the empty top-left corner
     naive = matmul_global_reads(m, n, k)
     final = steps[-1].reads_so_far
+    # short lines: the block must end left of B's panel (about k cells wide)
     lines = [f"tile {BM}×{BN}×{BK}, step {s.index + 1} of {len(steps)}",
-             f"shared memory: A[{s.i0}:{s.i1}, {s.k0}:{s.k1}] (blue)",
-             f"               B[{s.k0}:{s.k1}, {s.j0}:{s.j1}] (orange)",
-             f"accumulating C[{s.i0}:{s.i1}, {s.j0}:{s.j1}] (dark green)",
+             "in shared memory:",
+             f"  A[{s.i0}:{s.i1}, {s.k0}:{s.k1}] (blue)",
+             f"  B[{s.k0}:{s.k1}, {s.j0}:{s.j1}] (orange)",
+             f"accumulating C[{s.i0}:{s.i1}, {s.j0}:{s.j1}]",
+             "  (dark green)",
              "",
-             f"HBM reads so far: {s.reads_so_far:,}  (+{s.reads:,})",
-             f"when done: {final:,}   naive: {naive:,}",
-             "grey: times an element was read from HBM"]
+             f"HBM reads so far: {s.reads_so_far:,}",
+             f"  (+{s.reads:,} this step)",
+             f"when done: {final:,}",
+             f"naive: {naive:,}",
+             "",
+             "grey: how often an element",
+             "  was read from HBM"]
     ax.text(0, y_b, "\n".join(lines), ha="left", va="top", fontsize=8.5, family="monospace")
     ax.set_xlim(-1, x_c + n + 1)
     ax.set_ylim(m + gap * 1.6, y_b - 1)

@@ -153,7 +153,7 @@ def io_vs_M(N: int = 1024, d: int = 64):
     ax.set(xlabel=f"SRAM size M (elements; N = {N}, d = {d})", ylabel="HBM elements, one head",
            ylim=(floor / 2.5, max(v1) * 1.6))
     style_axes(ax)
-    legend(ax, loc="upper right", frameon=True, framealpha=1, edgecolor="white")
+    legend(ax, loc="lower left", frameon=True, framealpha=1, edgecolor="white")
     return fig
 
 

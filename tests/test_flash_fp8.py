@@ -58,7 +58,7 @@ def test_the_error_is_the_emulations(shape, causal, rotate):
     ref_lse = torch.logsumexp(s, -1)
     seen = torch.isfinite(ref_lse)
     assert torch.equal(torch.isfinite(lse), seen), "a row that sees no key: lse is -inf"
-    assert (lse[seen].double() - ref_lse[seen]).abs().max() < 1e-4
+    assert (lse[seen].double() - ref_lse[seen]).abs().max() < 1e-3  # (a GPU's exp2: 2e-4)
     assert (o[~seen] == 0).all()
 
 
@@ -76,8 +76,8 @@ def test_p_is_cast_to_e4m3_as_the_hardware_casts():
     grid = torch.arange(0, 127, dtype=torch.uint8).view(E4M3).float()  # every value >= 0
     mids = (grid[1:] + grid[:-1]) / 2  # the ties
     rest = 1024 - grid.numel() - mids.numel()  # (tl.arange: a power of two in all)
-    x = torch.cat([grid, mids, fresh_randn(rest // 2).abs() * 100,
-                   fresh_randn(rest - rest // 2).abs() * 0.01])
+    x = torch.cat([grid, mids, fresh_randn(rest // 2, device="cpu").abs() * 100,
+                   fresh_randn(rest - rest // 2, device="cpu").abs() * 0.01])
     x = x.to(DEVICE)
     y = torch.empty(x.numel(), dtype=E4M3, device=DEVICE)
     cast[(1,)](x, y, x.numel())
@@ -120,7 +120,8 @@ def test_the_gpus_own_cast_rounds_as_the_kernel_assumes():
         tl.store(Y + offs, tl.load(X + offs).to(tl.float8e4nv))
 
     grid = torch.arange(0, 127, dtype=torch.uint8).view(E4M3).float()
-    x = torch.cat([grid, (grid[1:] + grid[:-1]) / 2, fresh_randn(1024 - 253).abs() * 50])
+    x = torch.cat([grid, (grid[1:] + grid[:-1]) / 2,
+                   fresh_randn(1024 - 253, device="cpu").abs() * 50])
     x = x.to(DEVICE)
     y = torch.empty(x.numel(), dtype=E4M3, device=DEVICE)
     cast[(1,)](x, y, x.numel())

@@ -94,7 +94,7 @@ def attention_lowp(q, k, v, dtype: torch.dtype = E4M3, causal: bool = False,
     D, N_q, N_k = q.shape[-1], q.shape[-2], k.shape[-2]
     sm_scale = D ** -0.5 if sm_scale is None else sm_scale
     if rotate:
-        rot = random_rotation(D, seed)
+        rot = random_rotation(D, seed).to(q.device)
         q, k = q @ rot, k @ rot
     if "q" in rounded:
         q = fake_quantize(q, dtype, block_m, per_tensor)

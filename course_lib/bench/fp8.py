@@ -7,7 +7,8 @@ same way for every provider (``median_ms``, the providers in turns, 3 rounds, th
 kept): ``fp8`` the FP8 kernel on inputs already in e4m3 (``kernels.flash_fp8.forward_fp8``:
 how FlashAttention-3's FP8 speed is reported), ``fp8 with quantization`` the whole
 ``ops.flash_attn_fp8`` call (rotation and quantization included), ``fp16`` ``flash_attn_v2``
-(its default kernel), ``cuDNN`` SDPA's CUDNN_ATTENTION. FLOPs 4·B·H·N²·D (×½ causal). With
+(its default kernel), ``cuDNN`` SDPA's CUDNN_ATTENTION; each row records the FP8 kernel's
+tile (BLOCK_M, BLOCK_N, warps, stages). FLOPs 4·B·H·N²·D (×½ causal). With
 ``--tiles``: the FP8 kernel's candidate tiles at D 128, N 16k, in turns. Writes
 course_lib/data/fp8_fwd.json.
 """
@@ -19,7 +20,7 @@ import statistics
 import torch
 
 from course_lib.bench.common import median_ms, require_gpu, save_result, sdpa_backend
-from course_lib.kernels.flash_fp8 import forward_fp8, prepare_fp8
+from course_lib.kernels.flash_fp8 import FP8_CONFIGS, forward_fp8, prepare_fp8
 from course_lib.ops import flash_attn_fp8, flash_attn_v2
 
 TOKENS, HIDDEN = 32768, 2048
@@ -58,7 +59,7 @@ def shape_rows() -> list[dict]:
                         "fp8 with quantization": lambda: flash_attn_fp8(q, k, v, causal),
                         "fp16": lambda: flash_attn_v2(q, k, v, causal), "cuDNN": cudnn})
         flops = 4 * q.shape[0] * q.shape[1] * N * N * D / (2 if causal else 1)
-        row = {"D": D, "N": N, "causal": causal, "ms": ms,
+        row = {"D": D, "N": N, "causal": causal, "tile": list(FP8_CONFIGS[D]), "ms": ms,
                "tflops": {name: flops / (t * 1e-3) / 1e12 for name, t in ms.items()}}
         print(D, N, causal, {n: round(t) for n, t in row["tflops"].items()}, flush=True)
         rows.append(row)

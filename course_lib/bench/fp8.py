@@ -9,7 +9,7 @@ how FlashAttention-3's FP8 speed is reported), ``fp8 with quantization`` the who
 ``ops.flash_attn_fp8`` call (rotation and quantization included), ``fp16`` ``flash_attn_v2``
 (its default kernel), ``cuDNN`` SDPA's CUDNN_ATTENTION; each row records the FP8 kernel's
 tile (BLOCK_M, BLOCK_N, warps, stages). FLOPs 4·B·H·N²·D (×½ causal). With
-``--tiles``: the FP8 kernel's candidate tiles at D 128, N 16k, in turns. Writes
+``--tiles``: the FP8 kernel's candidate tiles at D 128 and 64, N 16k, in turns. Writes
 course_lib/data/fp8_fwd.json.
 """
 from __future__ import annotations
@@ -25,9 +25,9 @@ from course_lib.ops import flash_attn_fp8, flash_attn_v2
 
 TOKENS, HIDDEN = 32768, 2048
 SHAPES = [(d, n, c) for d in (64, 128) for n in (1024, 4096, 16384) for c in (False, True)]
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) tried with --tiles
-TILE_CANDIDATES = [(128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 8, 3), (128, 128, 4, 3),
-                   (64, 128, 4, 3), (128, 256, 8, 2)]
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) tried with --tiles, at D 64 and 128
+TILE_CANDIDATES = [(128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 4, 3), (128, 256, 8, 2),
+                   (64, 128, 4, 3), (64, 128, 4, 4), (64, 256, 4, 2), (64, 64, 4, 3)]
 
 
 def _inputs(D, N):
@@ -66,7 +66,7 @@ def shape_rows() -> list[dict]:
     return rows
 
 
-def tile_rows(D: int = 128, N: int = 16384) -> list[dict]:
+def tile_rows(D: int, N: int = 16384) -> list[dict]:
     q, k, v = _inputs(D, N)
     fns, prepared = {}, {}
     for bm, bn, warps, stages in TILE_CANDIDATES:
@@ -87,7 +87,7 @@ def tile_rows(D: int = 128, N: int = 16384) -> list[dict]:
     rows = []
     for (bm, bn, warps, stages, causal), t in ms.items():
         flops = 4 * q.shape[0] * q.shape[1] * N * N * D / (2 if causal else 1)
-        rows.append({"tile": [bm, bn, warps, stages], "causal": causal,
+        rows.append({"D": D, "N": N, "tile": [bm, bn, warps, stages], "causal": causal,
                      "ms": t if isinstance(t, float) else None,
                      "tflops": flops / (t * 1e-3) / 1e12 if isinstance(t, float) else None,
                      "error": t if isinstance(t, str) else None})
@@ -103,6 +103,6 @@ def main(argv=None) -> int:
     require_gpu("the FP8 benchmark")
     result = {"rows": shape_rows()}
     if args.tiles:
-        result["tiles"] = tile_rows()
+        result["tiles"] = tile_rows(128) + tile_rows(64)
     print(f"wrote {save_result('fp8_fwd', result, args.out)}")
     return 0

@@ -22,11 +22,11 @@ operands K-major: for PV that is V's key dimension, so V is stored transposed, (
 Speed on NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-11-29 (fp16 inputs made e4m3
 beforehand, B·N = 32k, H·D = 2048; every provider called eagerly, ``do_bench`` median, in turns,
 3 rounds; FLOPs 4·B·H·N²·D, half for causal; ``python -m course_lib.bench fp8 --tiles``,
-course_lib/data/fp8_fwd.json). D 128, N 16k, with 128 × 128 tiles: 567 TFLOP/s non-causal and
-576 causal, against our fp16 forward's 534 and 502 and SDPA CUDNN_ATTENTION's 572 and 541. The
-tiles of ``FP8_CONFIGS`` at D 128, 64 × 128 with 4 warps, the fastest of six candidates in the
-same run: 649 and 671. The quantization (rotation included) is not in these times: the whole
-``ops.flash_attn_fp8`` call ran at 382 and 290 TFLOP/s.
+course_lib/data/fp8_fwd.json). With the tiles of ``FP8_CONFIGS``: D 128 (64 × 128, 4 warps), N
+16k, 668 TFLOP/s non-causal and 677 causal, against our fp16 forward's 534 and 519 and SDPA
+CUDNN_ATTENTION's 581 and 552 (N 1k to 16k: 1.23–1.30× our fp16); D 64 (128 × 128), N 16k, 511
+and 483 against fp16's 527 and 505: no gain at D 64. The quantization (rotation included) is not
+in these times: the whole ``ops.flash_attn_fp8`` call ran at 435 and 321 TFLOP/s (D 128, N 16k).
 """
 from __future__ import annotations
 

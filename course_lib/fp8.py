@@ -15,7 +15,7 @@ https://arxiv.org/abs/2407.08608) runs its forward in e4m3 with two accuracy too
 This module rounds the inputs (and P, which a kernel casts before its PV product) exactly as
 the hardware's conversion does (``torch.float8_e4m3fn``: round to nearest even), and does
 everything else in float64, so each error it reports comes from the rounding alone. It is a
-numerical model, not a kernel: the course has no FP8 kernel, and no speed of one is measured.
+numerical model, not a kernel; ``kernels/flash_fp8.py`` is the kernel that rounds as it does.
 
     python -m course_lib.fp8    # prints the error table and writes course_lib/data/fp8_errors.json
 """
@@ -94,7 +94,7 @@ def attention_lowp(q, k, v, dtype: torch.dtype = E4M3, causal: bool = False,
     D, N_q, N_k = q.shape[-1], q.shape[-2], k.shape[-2]
     sm_scale = D ** -0.5 if sm_scale is None else sm_scale
     if rotate:
-        rot = random_rotation(D, seed)
+        rot = random_rotation(D, seed).to(q.device)
         q, k = q @ rot, k @ rot
     if "q" in rounded:
         q = fake_quantize(q, dtype, block_m, per_tensor)

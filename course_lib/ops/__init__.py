@@ -12,6 +12,8 @@
   variants (15; causal, and a window reads only its band);
 * ``plan_decode(...)`` then ``plan.run(...)`` each step: decode with no host work but two
   launches, capturable in a CUDA graph (12), the variants fixed by the plan;
+* ``flash_attn_fp8``: the forward with Q, K, V and P in e4m3, block scales and a random
+  rotation (09b);
 * ``matmul(a, b)``, ``vector_add(x, y)``: the tiled matmul (03) and the first kernel (00).
 
 Shapes are (batch, heads, sequence, head dim); ``causal`` is bottom-right aligned; GQA by
@@ -26,8 +28,9 @@ from course_lib.kernels.matmul import matmul
 from course_lib.kernels.vector_add import vector_add
 from course_lib.ops.attention import IMPLS, best_impl, flash_attn_v2, flash_attn_varlen
 from course_lib.ops.decode import DecodePlan, flash_decode, paged_decode, plan_decode
+from course_lib.ops.fp8 import flash_attn_fp8
 from course_lib.reference import decode_reference
 
-__all__ = ["DecodePlan", "IMPLS", "best_impl", "decode_reference", "flash_attn_v1",
-           "flash_attn_v2", "flash_attn_varlen", "flash_decode", "matmul", "paged_decode",
-           "plan_decode", "vector_add"]
+__all__ = ["DecodePlan", "IMPLS", "best_impl", "decode_reference", "flash_attn_fp8",
+           "flash_attn_v1", "flash_attn_v2", "flash_attn_varlen", "flash_decode", "matmul",
+           "paged_decode", "plan_decode", "vector_add"]

@@ -223,7 +223,9 @@ def _route_answer() -> str:
         f"SXM; {layers} layers make {layers * layer_us / 1e3:.2f} ms per token at the memory "
         f"floor. flash_attn_v2 used for decoding launches only B·H = {h} programs, each "
         f"walking all {n} keys alone, so it stays well below that bandwidth: {measured}. "
-        f"{per_token}So the route changes {share} of the per-token time in eager PyTorch. "
+        f"{per_token}So the route can change at most {share} of the per-token time in eager "
+        f"PyTorch, and less where the kernel's extra GPU time hides behind the host's work "
+        f"(section 6: the GPU mostly waits for the host). "
         f"It matters once the rest is removed (CUDA graphs, a static cache, larger batches, "
         f"longer contexts), where attention's share grows with the cache.")
 

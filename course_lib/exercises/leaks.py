@@ -137,8 +137,10 @@ def answer_leaks(lesson: str, cells, questions=None, parts=("source", "output"))
     for name, q in questions.items():
         if q.lesson != lesson or not q.value:
             continue
-        at = next((i for i, (kind, source, _) in enumerate(cells)
-                   if kind == "code" and (f"'{name}'" in source or f'"{name}"' in source)), None)
+        at = next((i for i, (_, source, _) in enumerate(cells)  # a code cell, or the text
+                   if f"'{name}'" in source or f'"{name}"' in source), None)  # that asks
+        if at is None:
+            continue  # asked nowhere in this notebook: nothing is above it
         for j, (kind, source, output) in enumerate(cells[:at]):
             texts = {"source": source if kind == "markdown" else "", "output": output}
             for part in parts:

@@ -973,14 +973,15 @@ def _facts_deck_08(add, load) -> None:
 
 def _facts_kernel_docstrings(add, load) -> None:
     """Kernel docstrings: each kernel file states its current measured speed."""
-    fwd, bwd_speed = load("attention_fwd"), load("attention_bwd")
+    fwd = load("attention_fwd")
     dec, drop, mm = load("decode"), load("dropin"), load("matmul")["headline"]
     rows = _decode_results(load)
     src = "src:course_lib/kernels/"
     add("kdoc_fwd_env", _env_of(fwd), f"{src}flash_v2.py {src}flash_v2_hopper.py {src}flash_v1.py",
         "data/attention_fwd.json environment")
-    add("kdoc_bwd_env", _env_of(bwd_speed), f"{src}flash_bwd.py",
-        "data/attention_bwd.json environment")
+    forms = load("backward_forms")
+    add("kdoc_bwd_env", _env_of(forms), f"{src}flash_bwd.py",
+        "data/backward_forms.json environment")
     add("kdoc_paged_env", _env_of(dec), f"{src}decode.py",
         "data/decode.json environment: the run of paged_decode / flash_decode", runs=_PAGED_RUN)
     merge = load("decode_merge")
@@ -1005,8 +1006,15 @@ def _facts_kernel_docstrings(add, load) -> None:
             f"data/attention_fwd.json v2-hopper, D {D}, N 16k")
         add(f"kdoc_hopper_{D}_c", _speed(fwd, D, True, "v2-hopper"), f"{src}flash_v2_hopper.py",
             f"data/attention_fwd.json v2-hopper, D {D}, N 16k, causal")
-        add(f"kdoc_bwd_{D}", _speed(bwd_speed, D, False, "v2-portable"), f"{src}flash_bwd.py",
-            f"data/attention_bwd.json v2-portable backward, D {D}, N 16k")
+        for causal in (False, True):
+            r = next(r for r in forms["rows"]
+                     if (r["D"], r["N"], r["causal"]) == (D, 16384, causal))
+            t = r["two kernels"]["tflops"]
+            add(f"kdoc_bwd_{D}{'_c' if causal else ''}",
+                f"D {D}, N 16k, {'causal' if causal else 'non-causal'}: {t:.0f} TFLOP/s, "
+                f"{t / r['FLASH']['tflops']:.2f}x SDPA FLASH_ATTENTION, "
+                f"{t / r['cuDNN']['tflops']:.2f}x SDPA CUDNN_ATTENTION", f"{src}flash_bwd.py",
+                f"data/backward_forms.json two kernels, D {D}, N 16k, causal {causal}")
     v1_128 = _tflops(fwd, 128, False, 16384, "v1")
     add("kdoc_v1_128", f"D 128, N 16k, non-causal: {v1_128:.0f} TFLOP/s, "
         f"{v1_128 / _tflops(fwd, 128, False, 16384, 'v2-portable'):.2f}x the portable v2",

@@ -2,7 +2,7 @@
 per block pair, no atomics) against FlashAttention-2's one pass (dQ added by the dK/dV kernel
 with fp32 atomic adds: five matmuls), beside SDPA's cuDNN and FLASH backends.
 
-    python -m course_lib.bench backward_forms [--out FILE]
+    python -m course_lib.bench backward_forms [--tiles] [--out FILE]
 
 fp16, B·N = 32k, H·D = 2048, D 64 and 128, N 1k, 4k and 16k, causal and not. Every provider
 is timed the same way: its forward runs once outside the timing, and the timed call is
@@ -11,6 +11,11 @@ median, the providers in turns, 3 rounds, the median kept. FLOPs: 2.5 × 4·B·H
 causal). Each provider's gradients are compared with the two kernels' (the largest absolute
 difference is stored). Then whether five runs of each give the same bits (D 128, N 4k, causal).
 Writes course_lib/data/backward_forms.json.
+
+``--tiles`` first times each kernel of the two-kernel form on its own, at every candidate tile of
+its head dim (``DKDV_CONFIGS``, ``DQ_CONFIGS``) and at the named configs before and after the
+sweep that chose D 128's: ``torch.profiler``'s device time of each kernel, mean of 10 calls
+after 3 warm-up calls. Writes course_lib/data/backward_tiles.json.
 """
 from __future__ import annotations
 
@@ -20,7 +25,8 @@ import statistics
 import torch
 
 from course_lib.bench.common import median_ms, require_gpu, save_result, sdpa_backend
-from course_lib.kernels.flash_bwd import flash_attn_v2_backward
+from course_lib.kernels import flash_bwd
+from course_lib.kernels.flash_bwd import BwdConfig, flash_attn_v2_backward
 from course_lib.ops import flash_attn_v2
 
 TOKENS, HIDDEN = 32768, 2048
@@ -99,12 +105,73 @@ def same_bits(runs: int = 5) -> dict:
     return result
 
 
+# The named configs before the tile sweep (D 64's is still the named one)
+NAMED_BEFORE = {64: BwdConfig(32, 128, 128, 32, 2, warps_kv=4, stages_kv=5, warps_q=4, stages_q=5),
+                128: BwdConfig(32, 128, 128, 32, 2, warps_kv=8, stages_kv=3, warps_q=8, stages_q=3)}
+TILE_SHAPES = [(16384, False), (16384, True), (4096, True), (1024, False)]
+
+
+def kernel_us(fn, reps: int = 10) -> dict:
+    """Mean device time (µs) of each kernel ``fn()`` launches, from ``torch.profiler``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    times = {"dkdv": 0.0, "dq": 0.0, "other": 0.0}
+    for e in prof.key_averages():
+        kind = "dkdv" if "_bwd_dkdv" in e.key else "dq" if "_bwd_dq" in e.key else "other"
+        times[kind] += e.self_device_time_total / reps
+    return times
+
+
+def _candidates(configs, D):
+    group = 0 if D <= 64 else 1
+    return [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+            for c in configs[3 * group:3 * group + 3]]
+
+
+def tile_rows(D: int) -> list[dict]:
+    """Each backward kernel's time at each candidate tile (the other kernel at the named
+    config's tile), and both at the named configs and under the autotuner."""
+    named = flash_bwd.gpu_config(D)
+    runs = {"default": None, "named before": NAMED_BEFORE[D], "named": named}
+    for m, n, w, s in _candidates(flash_bwd.DKDV_CONFIGS, D):
+        runs[f"dkdv {m}x{n} w{w} s{s}"] = BwdConfig(m, n, named.block_m2, named.block_n2, 2, w, s,
+                                                    named.warps_q, named.stages_q)
+    for m, n, w, s in _candidates(flash_bwd.DQ_CONFIGS, D):
+        runs[f"dq {m}x{n} w{w} s{s}"] = BwdConfig(named.block_m1, named.block_n1, m, n, 2,
+                                                  named.warps_kv, named.stages_kv, w, s)
+    rows = []
+    for N, causal in TILE_SHAPES:
+        B, H = TOKENS // N, HIDDEN // D
+        q, k, v, do = (t.detach() for t in _inputs(B, H, N, D))
+        o, lse = flash_attn_v2(q, k, v, causal, return_lse=True)
+        args = (do, q, k, v, o, lse, causal, D ** -0.5)
+        row = {"D": D, "N": N, "causal": causal}
+        for name, cfg in runs.items():
+            row[name] = kernel_us(lambda cfg=cfg: flash_attn_v2_backward(*args, config=cfg))
+        rows.append(row)
+        print(f"D {D:3d} N {N:5d} {'causal' if causal else 'full  '} " + "  ".join(
+            f"{name}: {t['dkdv']:.0f}+{t['dq']:.0f}" for name, t in row.items()
+            if isinstance(t, dict)), flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib.bench backward_forms")
     parser.add_argument("--out", help="directory of the JSON file (default course_lib/data)")
+    parser.add_argument("--tiles", action="store_true", help="first each kernel's tiles")
     args = parser.parse_args(argv)
     require_gpu("the backward forms benchmark")
     torch.manual_seed(0)
+    if args.tiles:
+        tiles = tile_rows(64) + tile_rows(128)
+        print("wrote", save_result("backward_tiles", {"rows": tiles}, args.out))
     rows = []
     for D, N, causal in SHAPES:
         rows.append(measure(D, N, causal))

@@ -27,8 +27,10 @@ Three kernels, and their grids:
 
 So seven matmuls per block pair where the reporting convention (FLOPs = 2.5 × forward) counts
 five: S and dP are computed twice, in exchange for no atomics and a deterministic result.
-``one_pass=True`` runs FlashAttention-2's five-matmul form instead: 0.90 to 1.09 of the two
-kernels' speed on an NVIDIA H200 (course_lib/data/backward_forms.json), dQ not bit-stable.
+``one_pass=True`` runs FlashAttention-2's five-matmul form instead: 0.89 to 1.04 of the two
+kernels' speed on an NVIDIA H200 from N 4k on, 0.64 at D 128 and N 1k, where the 64-key blocks
+of D 128's named config double its atomic adds (course_lib/data/backward_forms.json); dQ is not
+bit-stable.
 Causal (bottom-right) programs visit only blocks that can be non-zero: a masked band along the
 diagonal, then unmasked blocks; ragged ends are masked.
 
@@ -36,12 +38,18 @@ Head dims: every multiple of 8 from 16 to 256. A kernel spans D rounded up to a 
 (``HEAD_DIM_PAD``: 40 -> 64) and masks the columns past D: they load as 0, add nothing to any
 dot product over D (S, dP, delta) and are never stored. A power-of-two D has no column mask.
 
-Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-22 (fp16, B·N = 32k,
-H·D = 2048, only the backward timed, every provider called eagerly, ``do_bench`` median;
-FLOPs 2.5 × 4·B·H·N²·D; course_lib/data/attention_bwd.json):
+Speed on NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-11-29 (fp16, B·N = 32k,
+H·D = 2048; each provider's forward once, then ``torch.autograd.grad`` timed, ``do_bench``
+median, the providers in turns, 3 rounds; FLOPs 2.5 × 4·B·H·N²·D, half for causal;
+``python -m course_lib.bench backward_forms``, course_lib/data/backward_forms.json):
 
-* D 64, N 16k, non-causal: 329 TFLOP/s, 1.14x SDPA FLASH_ATTENTION, 0.73x SDPA CUDNN_ATTENTION
-* D 128, N 16k, non-causal: 346 TFLOP/s, 1.13x SDPA FLASH_ATTENTION, 0.64x SDPA CUDNN_ATTENTION
+* D 64, N 16k, non-causal: 335 TFLOP/s, 1.15x SDPA FLASH_ATTENTION, 0.77x SDPA CUDNN_ATTENTION
+* D 64, N 16k, causal: 339 TFLOP/s, 1.23x SDPA FLASH_ATTENTION, 0.82x SDPA CUDNN_ATTENTION
+* D 128, N 16k, non-causal: 381 TFLOP/s, 1.24x SDPA FLASH_ATTENTION, 0.75x SDPA CUDNN_ATTENTION
+* D 128, N 16k, causal: 362 TFLOP/s, 1.20x SDPA FLASH_ATTENTION, 0.73x SDPA CUDNN_ATTENTION
+
+Each kernel's time at each candidate tile: ``backward_forms --tiles``
+(course_lib/data/backward_tiles.json).
 
 How the numbers came about: course_lib/data/perf_notes.md.
 """
@@ -303,14 +311,15 @@ class BwdConfig:
                     num_warps=self.warps_q, num_stages=self.stages_q)
 
 
-# The named config per head dim (Triton tutorial 06's blocks for D <= 64). dK/dV holds two
-# BLOCK_N1 x D fp32 accumulators plus K, V on chip: 128 KB of registers at D 128 for
-# BLOCK_N1 = 128, hence 8 warps; D 256 needs narrow blocks.
+# The named config per head dim (used below AUTOTUNE_MIN_N keys). D <= 64: Triton tutorial 06's
+# blocks. D 128: the fastest of a sweep of each kernel's tiles on an NVIDIA H200
+# (course_lib/data/backward_tiles.json), 64 x 64 tiles in both kernels; the dK/dV kernel's two
+# 64 x 128 fp32 accumulators then fit 4 warps' registers. D 256 needs narrow blocks.
 GPU_CONFIGS: dict[int, BwdConfig] = {
     16: BwdConfig(32, 128, 128, 32, 2, warps_kv=4, stages_kv=5, warps_q=4, stages_q=5),
     32: BwdConfig(32, 128, 128, 32, 2, warps_kv=4, stages_kv=5, warps_q=4, stages_q=5),
     64: BwdConfig(32, 128, 128, 32, 2, warps_kv=4, stages_kv=5, warps_q=4, stages_q=5),
-    128: BwdConfig(32, 128, 128, 32, 2, warps_kv=8, stages_kv=3, warps_q=8, stages_q=3),
+    128: BwdConfig(64, 64, 64, 64, 2, warps_kv=4, stages_kv=2, warps_q=4, stages_q=2),
     256: BwdConfig(16, 64, 64, 16, 1, warps_kv=8, stages_kv=2, warps_q=8, stages_q=2),
 }
 
@@ -327,13 +336,13 @@ def _configs(mask_block, rows):
 # Autotune candidates, three per head dim and kernel: every config is compiled once per key, so
 # the lists stay short. Configs that do not fit (shared memory) are timed as infinitely slow.
 DKDV_CONFIGS = _configs("MASK_BLOCK_M", [
-    (32, 128, 16, 4, 5), (64, 128, 32, 8, 3), (32, 128, 16, 4, 3),  # D <= 64
-    (32, 128, 16, 8, 3), (64, 128, 32, 8, 2), (32, 64, 16, 4, 3),   # D = 128
+    (64, 64, 32, 4, 3), (32, 128, 16, 4, 5), (32, 64, 16, 4, 3),    # D <= 64
+    (64, 64, 32, 4, 2), (64, 128, 32, 8, 2), (32, 128, 16, 8, 3),   # D = 128
     (16, 64, 16, 8, 2), (32, 64, 16, 8, 1), (16, 32, 16, 4, 2),     # D = 256
 ])
 DQ_CONFIGS = _configs("MASK_BLOCK_N", [
-    (128, 32, 16, 4, 5), (128, 64, 32, 8, 3), (64, 64, 32, 4, 3),   # D <= 64
-    (128, 32, 16, 8, 3), (128, 64, 32, 8, 2), (64, 32, 16, 4, 3),   # D = 128
+    (128, 64, 32, 8, 3), (128, 32, 16, 4, 5), (64, 64, 32, 4, 3),   # D <= 64
+    (64, 64, 32, 4, 2), (64, 32, 16, 4, 4), (128, 32, 16, 8, 3),    # D = 128
     (64, 16, 16, 8, 2), (32, 32, 16, 4, 2), (64, 32, 16, 8, 1),     # D = 256
 ])
 

@@ -130,9 +130,9 @@ def kernel_us(fn, reps: int = 10) -> dict:
 
 
 def _candidates(configs, D):
-    group = 0 if D <= 64 else 1
+    """(BLOCK_M, BLOCK_N, warps, stages) of the autotuner's candidates for head dim D."""
     return [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
-            for c in configs[3 * group:3 * group + 3]]
+            for c in flash_bwd.keep_bwd_config_for_head_dim(configs, {"HEAD_DIM": D})]
 
 
 def tile_rows(D: int) -> list[dict]:

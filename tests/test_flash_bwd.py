@@ -116,12 +116,47 @@ CONFIGS = [  # odd block shapes: the stage boundaries must not depend on the tab
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.block_m1}-{c.block_n1}-"
                          f"{c.block_m2}-{c.block_n2}-f{c.mask_factor}")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("n_q,n_k", [(97, 130), (130, 97), (64, 64), (1, 33)])
+@pytest.mark.parametrize("n_q,n_k", [(97, 130), (130, 97), (64, 64), (1, 33), (64, 128),
+                                     (128, 64)])
 def test_other_block_configs(config, causal, n_q, n_k, poisoned_allocations):
     q, k, v, do = _inputs(1, 2, 1, n_q, n_k, 16, torch.float32)
     o, lse = _saved_forward(q, k, v, causal, sm_scale=0.3)
     got = flash_attn_v2_backward(do, q, k, v, o, lse, causal, 0.3, config=config)
     _check_grads(got, q, k, v, do, causal, sm_scale=0.3)
+
+
+def _ragged_rows(n_q, n_k, block_m, block_n, mask_block_m, causal):
+    """The rows the dK/dV kernel's ragged-end loop would visit, for every key block: its bounds
+    computed as the kernel computes them."""
+    q_offset, rows = n_k - n_q, 0
+    for start_n in range(0, n_k, block_n):
+        m_lo = m_full = 0
+        if causal:
+            m_lo = min(max(start_n - q_offset, 0), n_q)
+            m_all = min(max(start_n + block_n - 1 - q_offset, 0), n_q)
+            m_full = m_lo + -(-(m_all - m_lo) // mask_block_m) * mask_block_m
+        m_tail = m_full + max(n_q - m_full, 0) // block_m * block_m
+        rows += max(n_q - m_tail, 0)
+    return rows
+
+
+def test_dkdv_compiles_out_its_ragged_end_only_where_it_is_empty():
+    """EVEN_M (the heuristic ``_no_ragged_rows``) drops the ragged-end loop: it may only do so where
+    that loop would visit no row, for every shape, block and causal offset."""
+    seen = {True: 0, False: 0}
+    for block_m, block_n, factor in [(16, 32, 1), (32, 64, 2), (32, 128, 2), (64, 64, 2),
+                                     (64, 128, 4), (64, 32, 4)]:
+        for n_q in range(1, 200, 7):
+            for n_k in range(1, 200, 11):
+                for causal in (False, True):
+                    args = dict(N_Q=n_q, N_K=n_k, BLOCK_M=block_m, BLOCK_N=block_n,
+                                CAUSAL=causal)
+                    even = flash_bwd._no_ragged_rows(args)
+                    seen[even] += 1
+                    if even:
+                        assert _ragged_rows(n_q, n_k, block_m, block_n, block_m // factor,
+                                            causal) == 0, args
+    assert seen[True] and seen[False]
 
 
 @pytest.mark.parametrize("splits", [2, 4])

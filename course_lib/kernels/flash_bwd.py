@@ -125,7 +125,8 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE2, Delta, DK, DV, DQ_ACC,
                      qk_scale, sm_scale, H, H_KV, N_Q, N_K, HEADS_PER_SPLIT, N_BUCKET,
                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      MASK_BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr,
-                     DOT_PRECISION: tl.constexpr, ONE_PASS: tl.constexpr = False):
+                     DOT_PRECISION: tl.constexpr, EVEN_M: tl.constexpr,
+                     ONE_PASS: tl.constexpr = False):
     pid_n = tl.program_id(0)
     pid_bhs = tl.program_id(1)  # (split, batch, K/V head), K/V head fastest
     n_bhkv = tl.num_programs(1) // ((H // H_KV) // HEADS_PER_SPLIT)  # B · H_KV
@@ -181,10 +182,10 @@ def _bwd_dkdv_kernel(Q, K, V, DO, LSE2, Delta, DK, DV, DQ_ACC,
         dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Qh, DOh, LSE2h, Deltah, DQh, qk_scale, sm_scale,
                                  offs_n, m_full, num_full, N_Q, q_offset,
                                  BLOCK_M, HEAD_DIM, False, False, DOT_PRECISION, ONE_PASS)
-        # the ragged end of the queries
-        dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Qh, DOh, LSE2h, Deltah, DQh, qk_scale, sm_scale,
-                                 offs_n, m_tail, num_tail, N_Q, q_offset,
-                                 BLOCK_M, HEAD_DIM, False, True, DOT_PRECISION, ONE_PASS)
+        if not EVEN_M:  # the ragged end of the queries (not compiled where there is none)
+            dk, dv = _bwd_dkdv_inner(dk, dv, k, v, Qh, DOh, LSE2h, Deltah, DQh, qk_scale,
+                                     sm_scale, offs_n, m_tail, num_tail, N_Q, q_offset,
+                                     BLOCK_M, HEAD_DIM, False, True, DOT_PRECISION, ONE_PASS)
 
     dk = dk * sm_scale
     out_off = pid_bhs.to(tl.int64) * N_K * HEAD_DIM  # = (split · B·H_KV + bhk) · N_K · D
@@ -227,7 +228,7 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE2, Delta, DQ,
                    qk_scale, sm_scale, H, H_KV, N_Q, N_K, N_BUCKET,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    MASK_BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
+                   DOT_PRECISION: tl.constexpr, EVEN_N: tl.constexpr):
     pid_m, pid_bh, b, h, hk = _q_block_program(H, H // H_KV, CAUSAL)
     start_m = pid_m * BLOCK_M
     HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)  # tl.arange's power of two
@@ -263,11 +264,35 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE2, Delta, DQ,
     # keys every row of the block sees: whole blocks, no mask
     dq = _bwd_dq_inner(dq, q, do, lse2, delta, Kh, Vh, qk_scale, offs_m, 0, num_full,
                        N_K, q_offset, BLOCK_N, HEAD_DIM, False, False, DOT_PRECISION)
-    # the diagonal band (causal) and the ragged end of the keys: narrow blocks, masked
-    dq = _bwd_dq_inner(dq, q, do, lse2, delta, Kh, Vh, qk_scale, offs_m, n_masked, num_masked,
-                       N_K, q_offset, MASK_BLOCK_N, HEAD_DIM, CAUSAL, True, DOT_PRECISION)
+    if not EVEN_N:  # the diagonal band (causal) and the ragged end of the keys: narrow, masked
+        dq = _bwd_dq_inner(dq, q, do, lse2, delta, Kh, Vh, qk_scale, offs_m, n_masked,
+                           num_masked, N_K, q_offset, MASK_BLOCK_N, HEAD_DIM, CAUSAL, True,
+                           DOT_PRECISION)
     dq = dq * sm_scale
     tl.store(DQ + q_ptrs, dq.to(DQ.dtype.element_ty), mask=m_ok)
+
+
+# A loop that never runs still costs time: compiled after the main loop, the dK/dV kernel's empty
+# ragged-end loop made it 13-15% slower at D 64 on an NVIDIA H200 (perf_notes.md). So each
+# kernel compiles its last loop only where some shape can need it.
+def _no_ragged_rows(args) -> bool:
+    """EVEN_M of the dK/dV kernel: its ragged-end loop would run no step. Every Q block is whole
+    (N_Q a multiple of BLOCK_M) and, causal, the diagonal band ends on a BLOCK_M boundary
+    (N_K − N_Q and BLOCK_N multiples of BLOCK_M; the band's narrow blocks divide BLOCK_M)."""
+    m = args["BLOCK_M"]
+    whole = args["N_Q"] % m == 0
+    if args["CAUSAL"]:
+        whole = whole and (args["N_K"] - args["N_Q"]) % m == 0 and args["BLOCK_N"] % m == 0
+    return whole
+
+
+def _no_masked_keys(args) -> bool:
+    """EVEN_N of the dQ kernel: no diagonal band (not causal) and every key block whole."""
+    return not args["CAUSAL"] and args["N_K"] % args["BLOCK_N"] == 0
+
+
+_bwd_dkdv_kernel = triton.heuristics({"EVEN_M": _no_ragged_rows})(_bwd_dkdv_kernel)
+_bwd_dq_kernel = triton.heuristics({"EVEN_N": _no_masked_keys})(_bwd_dq_kernel)
 
 
 # Configurations: GPU_CONFIGS by (padded) head dim below AUTOTUNE_MIN_N, the autotuner over

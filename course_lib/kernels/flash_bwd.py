@@ -21,7 +21,8 @@ Three kernels, and their grids:
 2. ``_bwd_dkdv_kernel``, grid (⌈N_k / BLOCK_N1⌉, splits·B·H_kv): K and V blocks stay on chip
    while the Q and dO blocks of every query head of the group stream past; four ``tl.dot``
    per block pair (Pᵀ, dPᵀ, dV, dK); dK and dV written once. Where that grid is too small to
-   fill the GPU, the group is split over ``splits`` programs writing fp32 partial sums.
+   fill the GPU, the group is split over ``splits`` programs writing fp32 partial sums. Its loop
+   over a ragged last Q block is compiled only where N_Q leaves one (``EVEN_M``).
 3. ``_bwd_dq_kernel``, grid (⌈N_q / BLOCK_M2⌉, B·H): a Q block stays, K and V stream past;
    three ``tl.dot`` (S, dP, dQ).
 
@@ -228,7 +229,7 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE2, Delta, DQ,
                    qk_scale, sm_scale, H, H_KV, N_Q, N_K, N_BUCKET,
                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    MASK_BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, EVEN_N: tl.constexpr):
+                   DOT_PRECISION: tl.constexpr):
     pid_m, pid_bh, b, h, hk = _q_block_program(H, H // H_KV, CAUSAL)
     start_m = pid_m * BLOCK_M
     HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)  # tl.arange's power of two
@@ -264,17 +265,17 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE2, Delta, DQ,
     # keys every row of the block sees: whole blocks, no mask
     dq = _bwd_dq_inner(dq, q, do, lse2, delta, Kh, Vh, qk_scale, offs_m, 0, num_full,
                        N_K, q_offset, BLOCK_N, HEAD_DIM, False, False, DOT_PRECISION)
-    if not EVEN_N:  # the diagonal band (causal) and the ragged end of the keys: narrow, masked
-        dq = _bwd_dq_inner(dq, q, do, lse2, delta, Kh, Vh, qk_scale, offs_m, n_masked,
-                           num_masked, N_K, q_offset, MASK_BLOCK_N, HEAD_DIM, CAUSAL, True,
-                           DOT_PRECISION)
+    # the diagonal band (causal) and the ragged end of the keys: narrow blocks, masked
+    dq = _bwd_dq_inner(dq, q, do, lse2, delta, Kh, Vh, qk_scale, offs_m, n_masked, num_masked,
+                       N_K, q_offset, MASK_BLOCK_N, HEAD_DIM, CAUSAL, True, DOT_PRECISION)
     dq = dq * sm_scale
     tl.store(DQ + q_ptrs, dq.to(DQ.dtype.element_ty), mask=m_ok)
 
 
-# A loop that never runs still costs time: compiled after the main loop, the dK/dV kernel's empty
-# ragged-end loop made it 13-15% slower at D 64 on an NVIDIA H200 (perf_notes.md). So each
-# kernel compiles its last loop only where some shape can need it.
+# A loop that runs no step can still cost time. Compiled after the main loop, the dK/dV kernel's
+# ragged-end loop made it 15-21% slower at D 64, non-causal, on an NVIDIA H200; so it is compiled
+# only where a shape needs it. (The dQ kernel's masked loop, compiled out the same way, made the
+# dQ kernel up to 11% slower instead, so it stays: course_lib/data/perf_notes.md.)
 def _no_ragged_rows(args) -> bool:
     """EVEN_M of the dK/dV kernel: its ragged-end loop would run no step. Every Q block is whole
     (N_Q a multiple of BLOCK_M) and, causal, the diagonal band ends on a BLOCK_M boundary
@@ -286,13 +287,7 @@ def _no_ragged_rows(args) -> bool:
     return whole
 
 
-def _no_masked_keys(args) -> bool:
-    """EVEN_N of the dQ kernel: no diagonal band (not causal) and every key block whole."""
-    return not args["CAUSAL"] and args["N_K"] % args["BLOCK_N"] == 0
-
-
 _bwd_dkdv_kernel = triton.heuristics({"EVEN_M": _no_ragged_rows})(_bwd_dkdv_kernel)
-_bwd_dq_kernel = triton.heuristics({"EVEN_N": _no_masked_keys})(_bwd_dq_kernel)
 
 
 # Configurations: GPU_CONFIGS by (padded) head dim below AUTOTUNE_MIN_N, the autotuner over

@@ -28,8 +28,8 @@ Three kernels, and their grids:
 
 So seven matmuls per block pair where the reporting convention (FLOPs = 2.5 × forward) counts
 five: S and dP are computed twice, in exchange for no atomics and a deterministic result.
-``one_pass=True`` runs FlashAttention-2's five-matmul form instead: 0.89 to 1.04 of the two
-kernels' speed on an NVIDIA H200 from N 4k on, 0.64 at D 128 and N 1k, where the 64-key blocks
+``one_pass=True`` runs FlashAttention-2's five-matmul form instead: 0.84 to 1.00 of the two
+kernels' speed on an NVIDIA H200 from N 4k on, 0.65 to 0.68 at D 128 and N 1k, where the 64-key blocks
 of D 128's named config double its atomic adds (course_lib/data/backward_forms.json); dQ is not
 bit-stable.
 Causal (bottom-right) programs visit only blocks that can be non-zero: a masked band along the
@@ -44,10 +44,10 @@ H·D = 2048; each provider's forward once, then ``torch.autograd.grad`` timed, `
 median, the providers in turns, 3 rounds; FLOPs 2.5 × 4·B·H·N²·D, half for causal;
 ``python -m course_lib.bench backward_forms``, course_lib/data/backward_forms.json):
 
-* D 64, N 16k, non-causal: 335 TFLOP/s, 1.15x SDPA FLASH_ATTENTION, 0.77x SDPA CUDNN_ATTENTION
-* D 64, N 16k, causal: 339 TFLOP/s, 1.23x SDPA FLASH_ATTENTION, 0.82x SDPA CUDNN_ATTENTION
-* D 128, N 16k, non-causal: 381 TFLOP/s, 1.24x SDPA FLASH_ATTENTION, 0.75x SDPA CUDNN_ATTENTION
-* D 128, N 16k, causal: 362 TFLOP/s, 1.20x SDPA FLASH_ATTENTION, 0.73x SDPA CUDNN_ATTENTION
+* D 64, N 16k, non-causal: 360 TFLOP/s, 1.24x SDPA FLASH_ATTENTION, 0.83x SDPA CUDNN_ATTENTION
+* D 64, N 16k, causal: 341 TFLOP/s, 1.24x SDPA FLASH_ATTENTION, 0.84x SDPA CUDNN_ATTENTION
+* D 128, N 16k, non-causal: 384 TFLOP/s, 1.25x SDPA FLASH_ATTENTION, 0.75x SDPA CUDNN_ATTENTION
+* D 128, N 16k, causal: 369 TFLOP/s, 1.19x SDPA FLASH_ATTENTION, 0.75x SDPA CUDNN_ATTENTION
 
 Each kernel's time at each candidate tile: ``backward_forms --tiles``
 (course_lib/data/backward_tiles.json).

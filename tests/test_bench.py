@@ -204,6 +204,31 @@ def test_rounds_interleave_providers_and_keep_the_median():
         common.sweep([], ["a"], measure, lambda s, r: None, "t", str, progress=False, rounds=0)
 
 
+
+def test_in_turns_calls_each_once_then_takes_turns(monkeypatch):
+    """``common.in_turns``, the timing loop of the fp8, variants and backward_forms benches."""
+    calls, timed = [], []
+
+    def provider(name):
+        def fn():
+            calls.append(name)
+            if name == "c":
+                raise RuntimeError("out of shared memory\nmore")
+        return fn
+
+    def fake_median_ms(fn, rep_ms):
+        fn()
+        timed.append((calls[-1], rep_ms))
+        return float(len(timed))
+
+    monkeypatch.setattr(common, "median_ms", fake_median_ms)
+    times, errors = common.in_turns({n: provider(n) for n in "abc"}, rounds=2, rep_ms=200)
+    assert calls[:3] == ["a", "b", "c"]  # each once first; c fails and is left out
+    assert [n for n, _ in timed] == ["a", "b", "a", "b"] and {r for _, r in timed} == {200}
+    assert times == {"a": [1.0, 3.0], "b": [2.0, 4.0], "c": []}
+    assert errors == {"c": "RuntimeError: out of shared memory"}
+
+
 TINY = ["--seq-lens", "256,512", "--tokens", "2048", "--heads-dims", "64", "--warmup-ms", "5",
         "--rep-ms", "20"]
 

@@ -139,11 +139,12 @@ def summary_rows(result: dict) -> list[dict]:
     forward's results go through the same backward kernels: the columns differ by noise)."""
     out = []
     for r in result["rows"]:
-        name, v2 = best_v2(r)
-        speeds = [rec["tflops"] for n, rec in r["results"].items()
-                  if n.startswith("v2-") and rec.get("tflops") is not None]
-        if result["mode"] == "bwd" and speeds:
-            name, v2 = "v2 (mean)", sum(speeds) / len(speeds)
+        if result["mode"] == "bwd":
+            speeds = [rec["tflops"] for n, rec in r["results"].items()
+                      if n.startswith("v2-") and rec.get("tflops") is not None]
+            name, v2 = ("v2 (mean)", sum(speeds) / len(speeds)) if speeds else (None, None)
+        else:
+            name, v2 = best_v2(r)
         res = r["results"]
         ref = res.get(REFERENCE, {}).get("tflops")
         cudnn = res.get("sdpa-CUDNN_ATTENTION", {}).get("tflops")

@@ -24,7 +24,7 @@ import statistics
 
 import torch
 
-from course_lib.bench.common import median_ms, require_gpu, save_result, sdpa_backend
+from course_lib.bench.common import in_turns, require_gpu, save_result, sdpa_backend
 from course_lib.kernels import flash_bwd
 from course_lib.kernels.flash_bwd import BwdConfig, flash_attn_v2_backward
 from course_lib.ops import flash_attn_v2
@@ -79,11 +79,11 @@ def measure(D: int, N: int, causal: bool, rounds: int = 3) -> dict:
         ref = ref or grads
         row[name] = {"max_abs_diff": max(float((a.float() - b.float()).abs().max())
                                          for a, b in zip(grads, ref))}
-    times = {name: [] for name in outputs}
-    for _ in range(rounds):
-        for name, o in outputs.items():
-            times[name].append(median_ms(
-                lambda o=o: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)))
+    times, errors = in_turns({name: lambda o=o: torch.autograd.grad(o, (q, k, v), do,
+                                                                    retain_graph=True)
+                              for name, o in outputs.items()}, rounds)
+    if errors:  # every provider ran once above: none should fail now
+        raise RuntimeError(f"D {D}, N {N}, causal {causal}: {errors}")
     flops = 2.5 * 4 * B * H * N * N * D * (0.5 if causal else 1)
     for name, ts in times.items():
         ms = statistics.median(ts)

@@ -136,6 +136,24 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"[:300]
 
 
+def in_turns(fns: dict, rounds: int = 3, rep_ms: float = 500) -> tuple[dict, dict]:
+    """Time the providers ``fns`` ({name: callable}) in turns: each called once first (compile,
+    autotune; one that raises is recorded and left out), then ``rounds`` rounds of A, B, C, ...,
+    each a ``median_ms``. Returns ({name: [ms of each round]}, {name: error}). Taking turns
+    spreads a slow spell of the GPU (clocks, a neighbour) over every provider alike."""
+    times, errors = {name: [] for name in fns}, {}
+    for name, fn in fns.items():
+        try:
+            fn()
+        except Exception as exc:  # (out of shared memory, an older torch)
+            errors[name] = describe_error(exc)
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            if name not in errors:
+                times[name].append(median_ms(fn, rep_ms=rep_ms))
+    return times, errors
+
+
 def sweep(shape_list, providers, measure, derive, desc: str, label, progress: bool = True,
           rounds: int = 1):
     """``measure(provider, shape) -> dict`` for every shape and provider, with a progress bar.

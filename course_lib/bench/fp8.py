@@ -3,9 +3,10 @@
     python -m course_lib.bench fp8 [--tiles] [--out FILE]
 
 fp16 inputs, B·N = 32k, H·D = 2048, D 64 and 128, N 1k, 4k and 16k, causal and not. Timed the
-same way for every provider (``median_ms``, the providers in turns, 3 rounds, the median
-kept): ``fp8`` the FP8 kernel on inputs already in e4m3 (``kernels.flash_fp8.forward_fp8``:
-how FlashAttention-3's FP8 speed is reported), ``fp8 with quantization`` the whole
+same way for every provider (``common.in_turns``: each called once, then 3 rounds in turns of
+``median_ms``, the median kept): ``fp8`` the FP8 kernel on inputs already in e4m3
+(``kernels.flash_fp8.forward_fp8``: how FlashAttention-3's FP8 speed is reported), ``fp8 with
+quantization`` the whole
 ``ops.flash_attn_fp8`` call (rotation and quantization included), ``fp16`` ``flash_attn_v2``
 (its default kernel), ``cuDNN`` SDPA's CUDNN_ATTENTION; each row records the FP8 kernel's
 tile (BLOCK_M, BLOCK_N, warps, stages). FLOPs 4·B·H·N²·D (×½ causal). With
@@ -19,7 +20,7 @@ import statistics
 
 import torch
 
-from course_lib.bench.common import median_ms, require_gpu, save_result, sdpa_backend
+from course_lib.bench.common import in_turns, require_gpu, save_result, sdpa_backend
 from course_lib.kernels.flash_fp8 import FP8_CONFIGS, forward_fp8, prepare_fp8
 from course_lib.ops import flash_attn_fp8, flash_attn_v2
 
@@ -35,12 +36,10 @@ def _inputs(D, N):
     return [torch.randn(B, H, N, D, device="cuda", dtype=torch.float16) for _ in range(3)]
 
 
-def _in_turns(fns: dict, rounds: int = 3) -> dict:
-    times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            times[name].append(median_ms(fn))
-    return {name: statistics.median(t) for name, t in times.items()}
+def _median_ms(fns: dict) -> dict:
+    """{name: median ms of 3 rounds in turns, or the error that kept it from running}."""
+    times, errors = in_turns(fns)
+    return {name: errors.get(name) or statistics.median(times[name]) for name in fns}
 
 
 def shape_rows() -> list[dict]:
@@ -55,9 +54,12 @@ def shape_rows() -> list[dict]:
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v,
                                                                         is_causal=causal)
 
-        ms = _in_turns({"fp8": lambda: forward_fp8(x, causal, scale, store_lse=False),
+        ms = _median_ms({"fp8": lambda: forward_fp8(x, causal, scale, store_lse=False),
                         "fp8 with quantization": lambda: flash_attn_fp8(q, k, v, causal),
                         "fp16": lambda: flash_attn_v2(q, k, v, causal), "cuDNN": cudnn})
+        failed = {name: t for name, t in ms.items() if isinstance(t, str)}
+        if failed:
+            raise RuntimeError(f"D {D}, N {N}, causal {causal}: {failed}")
         flops = 4 * q.shape[0] * q.shape[1] * N * N * D / (2 if causal else 1)
         row = {"D": D, "N": N, "causal": causal, "tile": list(FP8_CONFIGS[D]), "ms": ms,
                "tflops": {name: flops / (t * 1e-3) / 1e12 for name, t in ms.items()}}
@@ -75,15 +77,7 @@ def tile_rows(D: int, N: int = 16384) -> list[dict]:
             fns[(bm, bn, warps, stages, causal)] = (
                 lambda x=x, c=causal, ws=(warps, stages): forward_fp8(
                     x, c, D ** -0.5, store_lse=False, warps_stages=ws))
-    ms = {}
-    for key, fn in fns.items():  # a candidate that does not compile or fit is recorded
-        try:
-            fn()
-            ms[key] = None
-        except Exception as exc:  # (out of shared memory, registers)
-            ms[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
-    runnable = {key: fn for key, fn in fns.items() if ms[key] is None}
-    ms.update(_in_turns(runnable))
+    ms = _median_ms(fns)  # a candidate that does not compile or fit: its error
     rows = []
     for (bm, bn, warps, stages, causal), t in ms.items():
         flops = 4 * q.shape[0] * q.shape[1] * N * N * D / (2 if causal else 1)

@@ -31,7 +31,7 @@ import json
 
 import torch
 
-from course_lib.bench.common import DATA_DIR, describe_error, environment, median_ms, require_gpu
+from course_lib.bench.common import DATA_DIR, describe_error, environment, in_turns, require_gpu
 from course_lib.masks import visible_pairs
 
 B, H, N, D = 2, 16, 16384, 128
@@ -128,19 +128,8 @@ def _providers(q, k, v, backward):
 
 
 def _time_in_turns(fns, rounds):
-    """{name: [ms per round]}, {name: error}: each provider once outside the rounds (compile,
-    autotune), then ``rounds`` rounds in turns."""
-    times, errors = {name: [] for name in fns}, {}
-    for name, fn in fns.items():
-        try:
-            fn()
-        except Exception as exc:
-            errors[name] = describe_error(exc)
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            if name not in errors:
-                times[name].append(median_ms(fn, rep_ms=200))
-    return times, errors
+    """{name: [ms per round]}, {name: error}: ``in_turns`` with 200 ms per timing."""
+    return in_turns(fns, rounds, rep_ms=200)
 
 
 def _median(xs):

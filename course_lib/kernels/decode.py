@@ -443,7 +443,7 @@ def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, ou
     stride_bt = block_table.stride(0) if plan.paged else 0
     cfg, B, H, N_q, D, S = plan.config, plan.B, plan.H, plan.N_q, plan.D, plan.num_splits
     has_seqlens = seqlens is not None
-    fused = plan.merge != "kernel"  # (``make_plan`` decides "auto")
+    fused = plan.merge == "fused"  # (``make_plan`` has turned "auto" into one of MERGES)
     block_s = next_pow2(S)
     chunk = min(MERGE_CHUNK, block_s)  # one chunking for both merges: the same sums
     # One split never touches the scratch buffers (NUM_SPLITS == 1 is a compiled variant of its

@@ -29,9 +29,9 @@ Three kernels, and their grids:
 So seven matmuls per block pair where the reporting convention (FLOPs = 2.5 × forward) counts
 five: S and dP are computed twice, in exchange for no atomics and a deterministic result.
 ``one_pass=True`` runs FlashAttention-2's five-matmul form instead: 0.84 to 1.00 of the two
-kernels' speed on an NVIDIA H200 from N 4k on, 0.65 to 0.68 at D 128 and N 1k, where the 64-key blocks
-of D 128's named config double its atomic adds (course_lib/data/backward_forms.json); dQ is not
-bit-stable.
+kernels' speed on an NVIDIA H200 from N 4k on, 0.65 to 0.68 at D 128 and N 1k, where the 64-key
+blocks of D 128's named config double its atomic adds (course_lib/data/backward_forms.json); dQ
+is not bit-stable.
 Causal (bottom-right) programs visit only blocks that can be non-zero: a masked band along the
 diagonal, then unmasked blocks; ragged ends are masked.
 

@@ -272,19 +272,14 @@ def _bwd_dq_kernel(Q, K, V, DO, LSE2, Delta, DQ,
     tl.store(DQ + q_ptrs, dq.to(DQ.dtype.element_ty), mask=m_ok)
 
 
-# A loop that runs no step can still cost time. Compiled after the main loop, the dK/dV kernel's
-# ragged-end loop made it 15-21% slower at D 64, non-causal, on an NVIDIA H200; so it is compiled
-# only where a shape needs it. (The dQ kernel's masked loop, compiled out the same way, made the
-# dQ kernel up to 11% slower instead, so it stays: course_lib/data/perf_notes.md.)
+# A loop that runs no step still costs: compiled after the main loop, the ragged-end loop made the
+# dK/dV kernel 15-21% slower (D 64, non-causal, H200; perf_notes.md). Compiled only if needed.
 def _no_ragged_rows(args) -> bool:
-    """EVEN_M of the dK/dV kernel: its ragged-end loop would run no step. Every Q block is whole
-    (N_Q a multiple of BLOCK_M) and, causal, the diagonal band ends on a BLOCK_M boundary
-    (N_K − N_Q and BLOCK_N multiples of BLOCK_M; the band's narrow blocks divide BLOCK_M)."""
+    """EVEN_M: the ragged-end loop would run no step. Every Q block is whole and, causal, the
+    band ends on a BLOCK_M boundary (N_K − N_Q and BLOCK_N multiples of BLOCK_M)."""
     m = args["BLOCK_M"]
-    whole = args["N_Q"] % m == 0
-    if args["CAUSAL"]:
-        whole = whole and (args["N_K"] - args["N_Q"]) % m == 0 and args["BLOCK_N"] % m == 0
-    return whole
+    band_ok = (args["N_K"] - args["N_Q"]) % m == 0 and args["BLOCK_N"] % m == 0
+    return args["N_Q"] % m == 0 and (band_ok or not args["CAUSAL"])
 
 
 _bwd_dkdv_kernel = triton.heuristics({"EVEN_M": _no_ragged_rows})(_bwd_dkdv_kernel)

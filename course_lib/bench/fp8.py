@@ -6,10 +6,9 @@ fp16 inputs, B·N = 32k, H·D = 2048, D 64 and 128, N 1k, 4k and 16k, causal and
 same way for every provider (``common.in_turns``: each called once, then 3 rounds in turns of
 ``median_ms``, the median kept): ``fp8`` the FP8 kernel on inputs already in e4m3
 (``kernels.flash_fp8.forward_fp8``: how FlashAttention-3's FP8 speed is reported), ``fp8 with
-quantization`` the whole
-``ops.flash_attn_fp8`` call (rotation and quantization included), ``fp16`` ``flash_attn_v2``
-(its default kernel), ``cuDNN`` SDPA's CUDNN_ATTENTION; each row records the FP8 kernel's
-tile (BLOCK_M, BLOCK_N, warps, stages). FLOPs 4·B·H·N²·D (×½ causal). With
+quantization`` the whole ``ops.flash_attn_fp8`` call (rotation and quantization included),
+``fp16`` ``flash_attn_v2`` (its default kernel), ``cuDNN`` SDPA's CUDNN_ATTENTION; each row
+records the FP8 kernel's tile (BLOCK_M, BLOCK_N, warps, stages). FLOPs 4·B·H·N²·D (×½ causal). With
 ``--tiles``: the FP8 kernel's candidate tiles at D 128 and 64, N 16k, in turns. Writes
 course_lib/data/fp8_fwd.json.
 """

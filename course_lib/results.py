@@ -186,13 +186,18 @@ def _env_of(result: dict) -> str:
             f"{env['date'][:10]}")
 
 
+def _speed_text(D: int, causal: bool, N: int, t: float, flash: float, cudnn: float) -> str:
+    """A kernel's TFLOP/s ``t`` at one shape and its ratios to SDPA FLASH's and cuDNN's (same
+    run), as the kernel docstrings quote it."""
+    return (f"D {D}, N {N // 1024}k, {'causal' if causal else 'non-causal'}: {t:.0f} TFLOP/s, "
+            f"{t / flash:.2f}x SDPA FLASH_ATTENTION, {t / cudnn:.2f}x SDPA CUDNN_ATTENTION")
+
+
 def _speed(result: dict, D: int, causal: bool, prov: str, N: int = 16384) -> str:
     """One provider's TFLOP/s at one shape and its ratios to SDPA FLASH and cuDNN, same run."""
-    t = _tflops(result, D, causal, N, prov)
-    fa2 = t / _tflops(result, D, causal, N, "sdpa-FLASH_ATTENTION")
-    cudnn = t / _tflops(result, D, causal, N, "sdpa-CUDNN_ATTENTION")
-    return (f"D {D}, N {N // 1024}k, {'causal' if causal else 'non-causal'}: {t:.0f} TFLOP/s, "
-            f"{fa2:.2f}x SDPA FLASH_ATTENTION, {cudnn:.2f}x SDPA CUDNN_ATTENTION")
+    return _speed_text(D, causal, N, _tflops(result, D, causal, N, prov),
+                       _tflops(result, D, causal, N, "sdpa-FLASH_ATTENTION"),
+                       _tflops(result, D, causal, N, "sdpa-CUDNN_ATTENTION"))
 
 
 def facts() -> dict[str, Fact]:
@@ -1009,11 +1014,10 @@ def _facts_kernel_docstrings(add, load) -> None:
         for causal in (False, True):
             r = next(r for r in forms["rows"]
                      if (r["D"], r["N"], r["causal"]) == (D, 16384, causal))
-            t = r["two kernels"]["tflops"]
             add(f"kdoc_bwd_{D}{'_c' if causal else ''}",
-                f"D {D}, N 16k, {'causal' if causal else 'non-causal'}: {t:.0f} TFLOP/s, "
-                f"{t / r['FLASH']['tflops']:.2f}x SDPA FLASH_ATTENTION, "
-                f"{t / r['cuDNN']['tflops']:.2f}x SDPA CUDNN_ATTENTION", f"{src}flash_bwd.py",
+                _speed_text(D, causal, 16384, *(r[p]["tflops"] for p in
+                                                ("two kernels", "FLASH", "cuDNN"))),
+                f"{src}flash_bwd.py",
                 f"data/backward_forms.json two kernels, D {D}, N 16k, causal {causal}")
     v1_128 = _tflops(fwd, 128, False, 16384, "v1")
     add("kdoc_v1_128", f"D 128, N 16k, non-causal: {v1_128:.0f} TFLOP/s, "

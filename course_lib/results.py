@@ -1087,6 +1087,17 @@ def _facts_variant_docstrings(add, load) -> None:
         f"(flash_bwd) causal {bt['flash_attn_v2 causal (portable)']:.0f}",
         f"{src}flash_variants_bwd.py",
         "data/variants_bwd.json: backward TFLOP/s on the visited area, every provider")
+    loops = load("variants_bwd_loops")
+    last = max(r["run"] for r in loops["rows"])
+    ms = {(r["case"], r["dkdv_loops"], r["dq_loops"]): r["ms"] for r in loops["rows"]
+          if r["run"] == last}
+    before, now = ("edge, unmasked, edge",) * 2, ("one loop", "edges, then unmasked")
+    add("kdoc_varbwd_loops", _span([100 * (1 - ms[(c, *now)] / ms[(c, *before)])
+                                    for c in ("causal", "window 1024", "causal alibi")],
+                                   "{:.0f}", "%"),
+        f"{src}flash_variants_bwd.py 08_variants", "data/variants_bwd_loops.json: 1 − the "
+        "backward's time "
+        "with its loops now / with an edge loop after the unmasked one, causal, window, ALiBi")
     vl = load("variants_varlen")
     vr = {(r["provider"], r["direction"]): r["tflops_visited"] for r in vl["rows"]}
     add("kdoc_varlen_speed",

@@ -235,11 +235,12 @@ def _rows_probe(OUT, N_Q, N_K, VARIANT, BLOCK_N: tl.constexpr, MASK_BLOCK_M: tl.
 
 @pytest.mark.parametrize("n_q,n_k", [(64, 64), (37, 100), (100, 37), (50, 1)])
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (10, 0), (5, 7), (0, 0), (-1, 20)])
-def test_the_dkdv_program_visits_exactly_the_rows_the_rule_names(n_q, n_k, window):
+@pytest.mark.parametrize("mbm", [8, 16])  # 16: the variants' dK/dV kernel, one step for all
+def test_the_dkdv_program_visits_exactly_the_rows_the_rule_names(n_q, n_k, window, mbm):
     """``_band_rows`` (the kernel's) against ``masks.block_row_range`` and the brute-force mask:
     it visits every row that sees a key of its block (no more, but for rounding down to a
     masked block), and runs unmasked only rows that see every key of a whole block."""
-    bn, mbm, bm = 16, 8, 16
+    bn, bm = 16, 16
     vis = masks.visible(n_q, n_k, window)
     n_blocks = triton.cdiv(n_k, bn)
     out = torch.zeros(n_blocks * 4, dtype=torch.int32, device=fresh_randn(1).device)

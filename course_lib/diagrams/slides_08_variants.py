@@ -255,8 +255,8 @@ def _speed_panel(ax, t: dict, title: str, labels: bool, direction: str = "forwar
 
 def speed():
     """Measured TFLOP/s on the visited area, forward (course_lib/data/variants_fwd.json) and
-    backward (variants_bwd.json), one panel each: H100, B 2, H 16, N 16k, D 128, bf16; the
-    backward timed alone (autograd.grad of a forward made once, every provider alike);
+    backward (variants_bwd.json), one panel each: the runs' GPU, B 2, H 16, N 16k, D 128, bf16;
+    the backward timed alone (autograd.grad of a forward made once, every provider alike);
     do_bench median of rounds in turns. The variants' kernels (the TMA forward, the one
     backward) against FlexAttention, and the course's dense causal kernels (the Hopper forward,
     lesson 10's backward) below them."""

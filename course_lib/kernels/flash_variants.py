@@ -20,15 +20,15 @@ D), ``cu_seqlens``) run in the same kernel (``VARLEN``): a program reads its seq
 and lengths. A row that sees no key: O = 0 and lse = −inf (the sink's logit with a sink).
 ``course_lib.reference.attention_variants`` is the ground truth.
 
-Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-27 (B 2, H 16, N 16k,
-D 128, bf16; every provider called eagerly, ``do_bench`` median of 7 rounds in turns; TFLOP/s on
-the visited area, 4·B·H·D per (query, key) pair a row sees; ``python -m course_lib.bench
-variants``, course_lib/data/variants_fwd.json): causal 493 TFLOP/s (FlexAttention 426); window
-1024: 318 (FlexAttention 310), 5.32x faster than full causal; causal with softcap 435, with ALiBi
-449, with sinks 456; the dense flash_attn_v2 causal 463 (portable kernel) and 552 (Hopper
-kernel). On an H100 at D 128, ``flash_attn_v2`` runs the TMA variants kernel instead
-(``flash_variants_hopper.py``); packed sequences always run this one. The story, and what is
-not measured yet: course_lib/data/perf_notes.md.
+Speed on NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-11-29 (B 2, H 16, N 16k, D 128, bf16;
+every provider called eagerly, ``do_bench`` median of 7 rounds in turns; TFLOP/s on the visited
+area, 4·B·H·D per (query, key) pair a row sees; ``python -m course_lib.bench variants``,
+course_lib/data/variants_fwd.json): causal 491 TFLOP/s (FlexAttention 414); window 1024: 321
+(FlexAttention 313), 5.40x faster than full causal; causal with softcap 418, with ALiBi 437, with
+sinks 470; the dense flash_attn_v2 causal 467 (portable kernel) and 525 (Hopper kernel). On Hopper
+(sm_90: H100, H200) at D 128, ``flash_attn_v2`` runs the TMA variants kernel instead
+(``flash_variants_hopper.py``); packed sequences always run this one. The story, and what is not
+measured yet: course_lib/data/perf_notes.md.
 """
 from __future__ import annotations
 

@@ -4,8 +4,12 @@ For notebooks/15_attention_variants.ipynb: lesson 10's backward (``flash_bwd.py`
 forward's two changes (``flash_variants.py``):
 
 1. **Which blocks a program visits.** A dQ program visits the key blocks ``_band_bounds`` names,
-   as the forward does; a dK/dV program, the transpose: the query rows that see any or all of its
-   keys (``band._band_rows``, the jit twin of ``course_lib.masks.block_row_range``).
+   as the forward does: the band's two masked edges first, then the keys every row sees,
+   unmasked. A dK/dV program visits the transpose, the query rows that see any or all of its keys
+   (``band._band_rows``, the jit twin of ``course_lib.masks.block_row_range``), in one loop
+   that masks only the steps where some row misses some key. Both keep the loop without a mask
+   last: the backward took 18–22% less time than with an edge loop compiled after it
+   (course_lib/data/variants_bwd_loops.json, perf_notes.md).
 2. **The scores' derivative.** P is recomputed from the forward's lse exactly as the forward
    made it (``band._variant_scores``, which also returns the factor below; ``band._chain``
    applies it), and dS = P ∘ (dP − delta), delta_i = dO_i · O_i, is the gradient of
@@ -23,17 +27,18 @@ H_kv, D)) are read where they lie, no contiguous input copied, and dQ, dK, dV wr
 layout. GQA, padded head dims, the configs and the splits of a GQA group are lesson 10's.
 ``course_lib.reference.attention_variants`` (autograd) is the ground truth.
 
-Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-27 (B 2, H 16, N 16k,
-D 128, bf16; only the backward timed: ``torch.autograd.grad`` of a forward made once, for every
-provider; ``do_bench`` median of 7 rounds in turns; TFLOP/s on the visited area, 2.5 × 4·B·H·D
-per (query, key) pair a row sees; ``python -m course_lib.bench variants --backward``,
-course_lib/data/variants_bwd.json): causal 328 TFLOP/s (FlexAttention 378); window 1024 251
-TFLOP/s (FlexAttention 284); causal with softcap 312 TFLOP/s (FlexAttention 202); causal with
-ALiBi 343 TFLOP/s (FlexAttention 383); causal with sinks 338; the dense backward (flash_bwd)
-causal 354. Packed sequences (``--varlen``, course_lib/data/variants_varlen.json, forward and
-backward): 64 causal sequences of random lengths 1 to 4096 (mean 2191): forward 343 TFLOP/s
-against the dense kernel's 359 at the mean length, backward 245 against 286 (the packed layout
-read in place). The story: course_lib/data/perf_notes.md.
+Speed on NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-11-29 (B 2, H 16, N 16k, D 128, bf16;
+only the backward timed: ``torch.autograd.grad`` of a forward made once, for every provider;
+``do_bench`` median of 7 rounds in turns; TFLOP/s on the visited area, 2.5 × 4·B·H·D per (query,
+key) pair a row sees; ``python -m course_lib.bench variants --backward``,
+course_lib/data/variants_bwd.json): causal 396 TFLOP/s (FlexAttention 382); window 1024 297 TFLOP/s
+(FlexAttention 293); causal with softcap 312 TFLOP/s (FlexAttention 199); causal with ALiBi 378
+TFLOP/s (FlexAttention 378); causal with sinks 388; the dense backward (flash_bwd) causal 387.
+Packed sequences (``--varlen``, course_lib/data/variants_varlen.json, an H100 run of the kernels
+before the dK/dV program's one loop, forward and backward): 64 causal sequences of random lengths
+1 to 4096 (mean 2191): forward 343 TFLOP/s against the dense kernel's 359 at the mean length,
+backward 245 against 286 (the packed layout read in place). The story:
+course_lib/data/perf_notes.md.
 """
 from __future__ import annotations
 
@@ -59,12 +64,14 @@ from course_lib.masks import Variant
 
 
 @triton.jit
-def _dkdv_rows(dk, dv, k, v, Q, DO, LSE2, Delta, stride_qm, offs_n, lo, hi, N_Q, N_K, q_offset,
-               sm_scale, VARIANT, head_values, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
-               MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _dkdv_rows(dk, dv, k, v, Q, DO, LSE2, Delta, stride_qm, offs_n, lo, full_lo, full_hi, hi,
+               N_Q, N_K, q_offset, sm_scale, VARIANT, head_values, BLOCK_M: tl.constexpr,
+               HEAD_DIM: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """dK (in units of sm_scale) and dV of one key block over the query rows [lo, hi) of one
-    head, transposed (keys along the rows) as lesson 10's ``_bwd_dkdv_inner``; Q, DO, LSE2, Delta
-    point at the head's (sequence's) first row, Q's and DO's rows stride_qm rows of D apart."""
+    head, transposed (keys along the rows) as lesson 10's ``_bwd_dkdv_inner``, in one loop of
+    BLOCK_M rows: the band's mask only on steps outside [full_lo, full_hi), where some row misses
+    some key. Q, DO, LSE2, Delta point at the head's (sequence's) first row, Q's and DO's rows
+    stride_qm rows of D apart; rows past N_Q load as zeros (lse +inf: P = 0)."""
     HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)
     PAD_D: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -77,25 +84,19 @@ def _dkdv_rows(dk, dv, k, v, Q, DO, LSE2, Delta, stride_qm, offs_n, lo, hi, N_Q,
         in_m = offs_m < N_Q
         block = tl.cast(start_m, tl.int64) * row  # the first row in int64, the rest in int32
         qT = _load_tile(Q + block + offs_i[None, :] * row + offs_d[:, None], in_m[None, :],
-                        dT_ok, MASKED, PAD_D)  # (HEAD_DIM_PAD, BLOCK_M)
-        if MASKED:
-            lse2 = tl.load(LSE2 + offs_m, mask=in_m, other=float("inf"))
-        else:
-            lse2 = tl.load(LSE2 + offs_m)
+                        dT_ok, True, PAD_D)  # (HEAD_DIM_PAD, BLOCK_M)
+        lse2 = tl.load(LSE2 + offs_m, mask=in_m, other=float("inf"))
         qkT = tl.dot(k, qT, input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M) = K Qᵀ
         sT, factorT = _variant_scores(qkT, offs_n, offs_m + q_offset, sm_scale, VARIANT,
                                       head_values, GPU_TANH and DOT_PRECISION != "ieee")
         pT = tl.math.exp2(sT * qk_scale - lse2[None, :])  # Pᵀ, recomputed from the lse
-        if MASKED:  # the band, p − left <= j <= p + right and j < N_K, for each column
+        if (start_m < full_lo) | (start_m >= full_hi):  # the band: p − left <= j <= p + right
             j_lo, j_hi = _key_limits(offs_m + q_offset, N_K, VARIANT)
             pT = tl.where((offs_n[:, None] >= j_lo[None, :]) & (offs_n[:, None] <= j_hi[None, :]),
                           pT, 0.0)
         do = _load_tile(DO + block + offs_i[:, None] * row + offs_d[None, :], in_m[:, None], d_ok,
-                        MASKED, PAD_D)  # (BLOCK_M, HEAD_DIM_PAD)
-        if MASKED:
-            delta = tl.load(Delta + offs_m, mask=in_m, other=0.0)
-        else:
-            delta = tl.load(Delta + offs_m)
+                        True, PAD_D)  # (BLOCK_M, HEAD_DIM_PAD)
+        delta = tl.load(Delta + offs_m, mask=in_m, other=0.0)
         dv = tl.dot(pT.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # dV += Pᵀ dO
         dpT = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # (BLOCK_N, BLOCK_M)
         dsT = _chain(pT * (dpT - delta[None, :]), factorT, VARIANT)  # dSᵀ = Pᵀ ∘ (dPᵀ − delta)
@@ -141,26 +142,18 @@ def _bwd_dkdv_variants_kernel(
     dk = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=acc_ty)
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=acc_ty)
     q_offset = N_K - N_Q
-    # the rows that see some key of this block: the same for every head of the group
-    lo, full_lo, full_hi, hi = _band_rows(start_n, N_Q, N_K, VARIANT, BLOCK_N, MASK_BLOCK_M,
-                                          BLOCK_M)
+    # the rows that see some key of this block, in BLOCK_M steps: the same for every head of the
+    # group. (MASK_BLOCK_M, the dense kernel's narrower masked steps, is not used here.)
+    lo, full_lo, full_hi, hi = _band_rows(start_n, N_Q, N_K, VARIANT, BLOCK_N, BLOCK_M, BLOCK_M)
     for g in range(HEADS_PER_SPLIT):
         h = hk * group + split * HEADS_PER_SPLIT + g
         row0 = b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + q_start * stride_qm
         lrow = b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start
         head_values = _head_values(VARIANT, b, h)  # (ALiBi's slope)
-        Qh, DOh = Q + row0 * HEAD_DIM, DO + row0 * HEAD_DIM
-        LSE2h, Deltah = LSE2 + lrow, Delta + lrow
-        # the rows at the band's left edge (masked), those that see every key, the right edge
-        dk, dv = _dkdv_rows(dk, dv, k, v, Qh, DOh, LSE2h, Deltah, stride_qm, offs_n, lo, full_lo,
-                            N_Q, N_K, q_offset, sm_scale, VARIANT, head_values, MASK_BLOCK_M,
-                            HEAD_DIM, True, DOT_PRECISION)
-        dk, dv = _dkdv_rows(dk, dv, k, v, Qh, DOh, LSE2h, Deltah, stride_qm, offs_n, full_lo,
-                            full_hi, N_Q, N_K, q_offset, sm_scale, VARIANT, head_values, BLOCK_M,
-                            HEAD_DIM, False, DOT_PRECISION)
-        dk, dv = _dkdv_rows(dk, dv, k, v, Qh, DOh, LSE2h, Deltah, stride_qm, offs_n, full_hi, hi,
-                            N_Q, N_K, q_offset, sm_scale, VARIANT, head_values, MASK_BLOCK_M,
-                            HEAD_DIM, True, DOT_PRECISION)
+        dk, dv = _dkdv_rows(dk, dv, k, v, Q + row0 * HEAD_DIM, DO + row0 * HEAD_DIM, LSE2 + lrow,
+                            Delta + lrow, stride_qm, offs_n, lo, full_lo, full_hi, hi, N_Q, N_K,
+                            q_offset, sm_scale, VARIANT, head_values, BLOCK_M, HEAD_DIM,
+                            DOT_PRECISION)
     out = (split.to(tl.int64) * split_rows + kv_row) * HEAD_DIM
     tl.store(DK + out + kv_ptrs, (dk * sm_scale).to(DK.dtype.element_ty), mask=n_ok)
     tl.store(DV + out + kv_ptrs, dv.to(DV.dtype.element_ty), mask=n_ok)
@@ -236,14 +229,16 @@ def _bwd_dq_variants_kernel(
     full_lo = tl.minimum(full_lo, hi)
     full_hi = full_lo + tl.maximum(tl.minimum(full_hi, hi) - full_lo, 0) // BLOCK_N * BLOCK_N
     j_lo, j_hi = _key_limits(offs_m + q_offset, N_K, VARIANT)
+    # the band's two edges (masked, narrow steps), then the keys every row sees (no mask): the
+    # loop without a mask last (the module's docstring says why)
     dq = _dq_keys(dq, q, do, lse2, delta, Kh, Vh, stride_kn, offs_m, lo, full_lo, N_K, q_offset,
+                  sm_scale, VARIANT, head_values, j_lo, j_hi, MASK_BLOCK_N, HEAD_DIM, True,
+                  DOT_PRECISION)
+    dq = _dq_keys(dq, q, do, lse2, delta, Kh, Vh, stride_kn, offs_m, full_hi, hi, N_K, q_offset,
                   sm_scale, VARIANT, head_values, j_lo, j_hi, MASK_BLOCK_N, HEAD_DIM, True,
                   DOT_PRECISION)
     dq = _dq_keys(dq, q, do, lse2, delta, Kh, Vh, stride_kn, offs_m, full_lo, full_hi, N_K,
                   q_offset, sm_scale, VARIANT, head_values, j_lo, j_hi, BLOCK_N, HEAD_DIM, False,
-                  DOT_PRECISION)
-    dq = _dq_keys(dq, q, do, lse2, delta, Kh, Vh, stride_kn, offs_m, full_hi, hi, N_K, q_offset,
-                  sm_scale, VARIANT, head_values, j_lo, j_hi, MASK_BLOCK_N, HEAD_DIM, True,
                   DOT_PRECISION)
     tl.store(DQ + row0 * HEAD_DIM + q_ptrs, (dq * sm_scale).to(DQ.dtype.element_ty), mask=m_ok)
 

@@ -20,14 +20,14 @@ portable variants' kernel (``flash_variants.py``) computes, with lesson 09's mem
    tiles), enough to overflow fp16's P and run the program twice; pinning for gentle slopes is
    not measured.
 
-Speed on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, triton 3.6.0, 2026-11-27 (B 2, H 16, N 16k,
-D 128, bf16; every provider called eagerly, ``do_bench`` median of 7 rounds in turns; TFLOP/s on
-the visited area, 4·B·H·D per (query, key) pair a row sees; ``python -m course_lib.bench
-variants``, course_lib/data/variants_fwd.json): causal 529 TFLOP/s (FlexAttention 426); window
-1024: 403 (FlexAttention 310), 6.29x faster than its own full causal and 6.03x faster than the
-dense Hopper kernel's; causal with softcap 473 (FlexAttention 204), with ALiBi 445 (FlexAttention
-393), with sinks 534; the dense flash_attn_v2 causal 552 (Hopper kernel). The tiles, pinned max
-and row sums were chosen by timing every candidate in turns (``--tiles``,
+Speed on NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-11-29 (B 2, H 16, N 16k, D 128, bf16;
+every provider called eagerly, ``do_bench`` median of 7 rounds in turns; TFLOP/s on the visited
+area, 4·B·H·D per (query, key) pair a row sees; ``python -m course_lib.bench variants``,
+course_lib/data/variants_fwd.json): causal 501 TFLOP/s (FlexAttention 414); window 1024: 397
+(FlexAttention 313), 6.54x faster than its own full causal and 6.23x faster than the dense Hopper
+kernel's; causal with softcap 481 (FlexAttention 199), with ALiBi 432 (FlexAttention 388), with
+sinks 515; the dense flash_attn_v2 causal 525 (Hopper kernel). The tiles, pinned max and row sums
+were chosen by timing every candidate in turns on an H100 (``--tiles``,
 course_lib/data/variants_hopper_tiles.json); the story: course_lib/data/perf_notes.md.
 """
 from __future__ import annotations

@@ -1096,8 +1096,8 @@ def _facts_variant_docstrings(add, load) -> None:
                                     for c in ("causal", "window 1024", "causal alibi")],
                                    "{:.0f}", "%"),
         f"{src}flash_variants_bwd.py 08_variants", "data/variants_bwd_loops.json: 1 − the "
-        "backward's time "
-        "with its loops now / with an edge loop after the unmasked one, causal, window, ALiBi")
+        "backward's time with its loops now / with an edge loop after the unmasked one, causal, "
+        "window, ALiBi")
     vl = load("variants_varlen")
     vr = {(r["provider"], r["direction"]): r["tflops_visited"] for r in vl["rows"]}
     add("kdoc_varlen_speed",

@@ -204,7 +204,6 @@ def test_rounds_interleave_providers_and_keep_the_median():
         common.sweep([], ["a"], measure, lambda s, r: None, "t", str, progress=False, rounds=0)
 
 
-
 def test_in_turns_calls_each_once_then_takes_turns(monkeypatch):
     """``common.in_turns``, the timing loop of the fp8, variants and backward_forms benches."""
     calls, timed = [], []

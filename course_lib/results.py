@@ -1019,6 +1019,26 @@ def _facts_kernel_docstrings(add, load) -> None:
                                                 ("two kernels", "FLASH", "cuDNN"))),
                 f"{src}flash_bwd.py",
                 f"data/backward_forms.json two kernels, D {D}, N 16k, causal {causal}")
+    fp8 = load("fp8_fwd")
+    f8 = {(r["D"], r["N"], r["causal"]): r["tflops"] for r in fp8["rows"]}
+    add("kdoc_fp8_env", _env_of(fp8), f"{src}flash_fp8.py", "data/fp8_fwd.json environment")
+
+    def _fp8_pair(D, who):
+        return " and ".join(f"{f8[(D, 16384, c)][who]:.0f}" for c in (False, True))
+
+    def _fp8_gain(causal):
+        return _span([f8[(128, n, causal)]["fp8"] / f8[(128, n, causal)]["fp16"]
+                      for n in (1024, 4096, 16384)])
+
+    add("kdoc_fp8_speed",
+        f"D 128, N 16k, {_fp8_pair(128, 'fp8')} TFLOP/s non-causal and causal, against our "
+        f"fp16 forward's {_fp8_pair(128, 'fp16')} and SDPA CUDNN_ATTENTION's "
+        f"{_fp8_pair(128, 'cuDNN')} (N 1k to 16k: {_fp8_gain(False)} our fp16 non-causal, "
+        f"{_fp8_gain(True)} causal); D 64, N 16k, {_fp8_pair(64, 'fp8')} against fp16's "
+        f"{_fp8_pair(64, 'fp16')}", f"{src}flash_fp8.py",
+        "data/fp8_fwd.json rows: fp8 (the kernel on e4m3 inputs), fp16 and cuDNN TFLOP/s")
+    add("kdoc_fp8_whole", f"{_fp8_pair(128, 'fp8 with quantization')} TFLOP/s",
+        f"{src}flash_fp8.py", "data/fp8_fwd.json rows: fp8 with quantization, D 128, N 16k")
     v1_128 = _tflops(fwd, 128, False, 16384, "v1")
     add("kdoc_v1_128", f"D 128, N 16k, non-causal: {v1_128:.0f} TFLOP/s, "
         f"{v1_128 / _tflops(fwd, 128, False, 16384, 'v2-portable'):.2f}x the portable v2",

@@ -158,9 +158,10 @@ def test_auto_takes_the_tma_kernel_only_for_measured_head_dims(monkeypatch):
 
 @pytest.mark.parametrize("window", [(70, 0), (-1, 0)])
 def test_the_pinned_max_runs_again_when_a_later_score_overflows(window):
-    """The TMA kernel pins each row's max to the full key block nearest the diagonal. Keys far
-    from the diagonal with scores 2^20 times larger make fp16's P overflow: the program must
-    notice and run again with the running max, and give the reference's answer."""
+    """The TMA kernel pins each row's max after the full key block nearest the diagonal and the
+    band's right edge. Keys far from the diagonal with scores 2^20 times larger make fp16's P
+    overflow: the program must notice and run again with the running max, and give the
+    reference's answer."""
     B, H, N, D = 1, 2, 96, 64
     q, k, v = (fresh_randn(B, H, N, D, dtype=torch.float16) for _ in range(3))
     # keys 0..39 score about 4·30/8 = 15 (natural) above the rest: P up to 2^21 > fp16's 65504

@@ -222,11 +222,9 @@ def test_a_window_backward_skips_the_blocks_outside_the_band():
 
 
 @triton.jit
-def _rows_probe(OUT, N_Q, N_K, VARIANT, BLOCK_N: tl.constexpr, MASK_BLOCK_M: tl.constexpr,
-                BLOCK_M: tl.constexpr):
+def _rows_probe(OUT, N_Q, N_K, VARIANT, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
     pid = tl.program_id(0)
-    lo, full_lo, full_hi, hi = _band_rows(pid * BLOCK_N, N_Q, N_K, VARIANT, BLOCK_N,
-                                          MASK_BLOCK_M, BLOCK_M)
+    lo, full_lo, full_hi, hi = _band_rows(pid * BLOCK_N, N_Q, N_K, VARIANT, BLOCK_N, BLOCK_M)
     tl.store(OUT + pid * 4 + 0, lo)
     tl.store(OUT + pid * 4 + 1, full_lo)
     tl.store(OUT + pid * 4 + 2, full_hi)
@@ -235,23 +233,23 @@ def _rows_probe(OUT, N_Q, N_K, VARIANT, BLOCK_N: tl.constexpr, MASK_BLOCK_M: tl.
 
 @pytest.mark.parametrize("n_q,n_k", [(64, 64), (37, 100), (100, 37), (50, 1)])
 @pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (10, 0), (5, 7), (0, 0), (-1, 20)])
-@pytest.mark.parametrize("mbm", [8, 16])  # 16: the variants' dK/dV kernel, one step for all
-def test_the_dkdv_program_visits_exactly_the_rows_the_rule_names(n_q, n_k, window, mbm):
+@pytest.mark.parametrize("bm", [16, 32])
+def test_the_dkdv_program_visits_exactly_the_rows_the_rule_names(n_q, n_k, window, bm):
     """``_band_rows`` (the kernel's) against ``masks.block_row_range`` and the brute-force mask:
     it visits every row that sees a key of its block (no more, but for rounding down to a
-    masked block), and runs unmasked only rows that see every key of a whole block."""
-    bn, bm = 16, 16
+    block of rows), and runs unmasked only rows that see every key of a whole block."""
+    bn = 16
     vis = masks.visible(n_q, n_k, window)
     n_blocks = triton.cdiv(n_k, bn)
     out = torch.zeros(n_blocks * 4, dtype=torch.int32, device=fresh_randn(1).device)
-    _rows_probe[(n_blocks,)](out, n_q, n_k, variant_args(Variant(window))[0], bn, mbm, bm)
+    _rows_probe[(n_blocks,)](out, n_q, n_k, variant_args(Variant(window))[0], bn, bm)
     for c, (lo, full_lo, full_hi, hi) in enumerate(out.view(-1, 4).tolist()):
         c0, c1 = c * bn, (c + 1) * bn
         rule = masks.block_row_range(c0, c1, n_q, n_k, window)
         rows = vis[:, c0:min(c1, n_k)].any(1).nonzero().flatten()
         if len(rows):
             assert (rule[0], rule[3]) == (rows.min().item(), rows.max().item() + 1)
-            assert hi == rule[3] and lo == rule[0] // mbm * mbm, (c, (lo, hi), rule)
+            assert hi == rule[3] and lo == rule[0] // bm * bm, (c, (lo, hi), rule)
         else:
             assert lo >= hi, (c, lo, hi)
         assert lo <= full_lo <= full_hi <= hi and (full_hi - full_lo) % bm == 0
@@ -262,7 +260,7 @@ def test_the_dkdv_program_visits_exactly_the_rows_the_rule_names(n_q, n_k, windo
         if len(all_rows) and c1 <= n_k:
             assert (rule[1], rule[2]) == (all_rows.min().item(), all_rows.max().item() + 1)
             # what runs masked that could run unmasked: less than a block on each side
-            assert full_lo - rule[1] < mbm and rule[2] - full_hi < bm + mbm
+            assert full_lo - rule[1] < bm and rule[2] - full_hi < 2 * bm
 
 
 def test_the_dense_path_serves_a_window_that_is_plain_causal():

@@ -20,14 +20,15 @@ import statistics
 import torch
 
 from course_lib.bench.common import in_turns, require_gpu, save_result, sdpa_backend
-from course_lib.kernels.flash_fp8 import FP8_CONFIGS, forward_fp8, prepare_fp8
+from course_lib.kernels.flash_fp8 import forward_fp8, fp8_config, prepare_fp8
 from course_lib.ops import flash_attn_fp8, flash_attn_v2
 
 TOKENS, HIDDEN = 32768, 2048
 SHAPES = [(d, n, c) for d in (64, 128) for n in (1024, 4096, 16384) for c in (False, True)]
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) tried with --tiles, at D 64 and 128
 TILE_CANDIDATES = [(128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 4, 3), (128, 256, 8, 2),
-                   (64, 128, 4, 3), (64, 128, 4, 4), (64, 256, 4, 2), (64, 64, 4, 3)]
+                   (64, 128, 4, 3), (64, 128, 4, 2), (64, 128, 4, 4), (64, 256, 4, 2),
+                   (64, 64, 4, 3)]
 
 
 def _inputs(D, N):
@@ -60,7 +61,7 @@ def shape_rows() -> list[dict]:
         if failed:
             raise RuntimeError(f"D {D}, N {N}, causal {causal}: {failed}")
         flops = 4 * q.shape[0] * q.shape[1] * N * N * D / (2 if causal else 1)
-        row = {"D": D, "N": N, "causal": causal, "tile": list(FP8_CONFIGS[D]), "ms": ms,
+        row = {"D": D, "N": N, "causal": causal, "tile": list(fp8_config(D, causal)), "ms": ms,
                "tflops": {name: flops / (t * 1e-3) / 1e12 for name, t in ms.items()}}
         print(D, N, causal, {n: round(t) for n, t in row["tflops"].items()}, flush=True)
         rows.append(row)

@@ -47,12 +47,11 @@ def _band_bounds(start_m, N_Q, N_K, VARIANT, BLOCK_M: tl.constexpr, BLOCK_N: tl.
 
 
 @triton.jit
-def _band_rows(start_n, N_Q, N_K, VARIANT, BLOCK_N: tl.constexpr, MASK_BLOCK_M: tl.constexpr,
-               BLOCK_M: tl.constexpr):
+def _band_rows(start_n, N_Q, N_K, VARIANT, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
     """The transpose, for the backward's dK/dV: the query rows that see a key of the block
-    [start_n, start_n + BLOCK_N), (lo, full_lo, full_hi, hi): [full_lo, full_hi) unmasked in
-    BLOCK_M steps, the rest masked in MASK_BLOCK_M steps (``masks.block_row_range``). Query i, at
-    key position p = i + N_K − N_Q, sees key j if j − right <= p <= j + left."""
+    [start_n, start_n + BLOCK_N), (lo, full_lo, full_hi, hi), in BLOCK_M steps: [full_lo,
+    full_hi) see every key of the block (no mask needed), the rest some (``masks.block_row_range``).
+    Query i, at key position p = i + N_K − N_Q, sees key j if j − right <= p <= j + left."""
     left, right, softcap, alibi, alibi_b, sinks = VARIANT
     offset = N_K - N_Q
     last = tl.minimum(start_n + BLOCK_N, N_K) - 1  # the block's last real key
@@ -61,9 +60,9 @@ def _band_rows(start_n, N_Q, N_K, VARIANT, BLOCK_N: tl.constexpr, MASK_BLOCK_M: 
     full_lo = tl.where(right >= 0, tl.maximum(last - right - offset, 0), 0)  # sees every key
     full_hi = tl.where(left >= 0, tl.minimum(start_n + left - offset + 1, N_Q), N_Q)
     full_hi = tl.where(start_n + BLOCK_N > N_K, full_lo, full_hi)  # a ragged block: all masked
-    lo = (lo // MASK_BLOCK_M) * MASK_BLOCK_M
+    lo = (lo // BLOCK_M) * BLOCK_M
     hi = tl.where(start_n < N_K, tl.maximum(hi, lo), lo)  # no key here (varlen): no row
-    full_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo, MASK_BLOCK_M) * MASK_BLOCK_M, lo), hi)
+    full_lo = tl.minimum(tl.maximum(tl.cdiv(full_lo, BLOCK_M) * BLOCK_M, lo), hi)
     full_hi = full_lo + tl.maximum(tl.minimum(full_hi, hi) - full_lo, 0) // BLOCK_M * BLOCK_M
     return lo, full_lo, full_hi, hi
 
@@ -123,8 +122,9 @@ def _variant_scores(qk, pos_a, pos_b, sm_scale, VARIANT, head_values,
         t = _tanh(qk * (sm_scale / softcap), FAST_TANH)
         s = (softcap / sm_scale) * t
         factor = 1.0 - t * t
-    if alibi is not None:
-        s = s - (slope / sm_scale) * tl.abs(pos_a[:, None] - pos_b[None, :]).to(tl.float32)
+    if alibi is not None:  # positions made fp32 once per row and column, not per score
+        dist = tl.abs(pos_a.to(tl.float32)[:, None] - pos_b.to(tl.float32)[None, :])
+        s = s - (slope / sm_scale) * dist
     return s, factor
 
 

@@ -446,9 +446,8 @@ def _gradients(dkdv_kernels, dq_kernels, q, k, v, o, do, lse, strides_q, n_seq, 
 
     def launch(kernels, blocks, grid, *outputs):
         kernel = kernels[1] if tuned else kernels[0]
-        named = {name: a for name, a in args.items() if name in kernel.arg_names}
-        if not tuned:  # else the autotuner picks the blocks
-            named.update(blocks)
+        given = {**args, **({} if tuned else blocks)}  # (else the autotuner picks the blocks)
+        named = {n: a for n, a in given.items() if n in kernel.arg_names or n.startswith("num_")}
         kernel[grid](q, k, v, do, lse2, delta, *outputs, **named)
 
     with interpreter_errstate():  # exp2 of scores past the mask may overflow before tl.where

@@ -21,12 +21,13 @@ operands K-major: for PV that is V's key dimension, so V is stored transposed, (
 
 Speed on NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-11-29 (fp16 inputs made e4m3
 beforehand, B·N = 32k, H·D = 2048; every provider called eagerly, ``do_bench`` median, in turns,
-3 rounds; FLOPs 4·B·H·N²·D, half for causal; ``python -m course_lib.bench fp8 --tiles``,
-course_lib/data/fp8_fwd.json). With the tiles of ``FP8_CONFIGS``: D 128 (64 × 128, 4 warps), N
-16k, 668 TFLOP/s non-causal and 677 causal, against our fp16 forward's 534 and 519 and SDPA
-CUDNN_ATTENTION's 581 and 552 (N 1k to 16k: 1.23–1.30× our fp16); D 64 (128 × 128), N 16k, 511
-and 483 against fp16's 527 and 505: no gain at D 64. The quantization (rotation included) is not
-in these times: the whole ``ops.flash_attn_fp8`` call ran at 435 and 321 TFLOP/s (D 128, N 16k).
+3 rounds; FLOPs 4·B·H·N²·D, half for causal; ``python -m course_lib.bench fp8``,
+course_lib/data/fp8_fwd.json). With ``fp8_config``'s tiles (64 × 128, 4 warps): D 128, N 16k, 735
+and 685 TFLOP/s non-causal and causal, against our fp16 forward's 533 and 518 and SDPA
+CUDNN_ATTENTION's 582 and 546 (N 1k to 16k: 1.38–1.46× our fp16 non-causal, 1.23–1.32× causal);
+D 64, N 16k, 524 and 472 against fp16's 521 and 504: no gain at D 64. The quantization (rotation
+included) is not in these times: the whole ``ops.flash_attn_fp8`` call ran at 455 and 319 TFLOP/s
+(D 128, N 16k).
 """
 from __future__ import annotations
 
@@ -123,9 +124,21 @@ def _flash_fwd_fp8_kernel(
         tl.store(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
 
 
-# The config each head dim runs: (BLOCK_M, BLOCK_N, num_warps, num_stages). D 128: the fastest
-# of ``bench.fp8.TILE_CANDIDATES`` at N 16k (fp8_fwd.json, "tiles"); D 64: not tuned.
-FP8_CONFIGS = {64: (128, 128, 4, 3), 128: (64, 128, 4, 3)}
+# The config each head dim runs: (BLOCK_M, BLOCK_N, num_warps, num_stages), the fastest of the
+# candidates timed in turns at N 1k, 4k and 16k (course_lib/data/fp8_stages.json; ``bench.fp8
+# .TILE_CANDIDATES`` at N 16k, fp8_fwd.json, "tiles"). Two stages (72 KB of shared memory at D
+# 128, three take 104 KB): 9-11 % faster than three without a mask at D 128, 4-7 % at D 64; a
+# causal call at D 128 takes three (``CAUSAL_STAGES``): two were 5-10 % slower there.
+FP8_CONFIGS = {64: (64, 128, 4, 2), 128: (64, 128, 4, 2)}
+CAUSAL_STAGES = {128: 3}
+
+
+def fp8_config(head_dim: int, causal: bool) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) of a call: ``FP8_CONFIGS`` with
+    ``CAUSAL_STAGES`` for a causal one. The blocks do not depend on ``causal``: the inputs are
+    quantized in them before the call."""
+    block_m, block_n, warps, stages = FP8_CONFIGS[head_dim]
+    return block_m, block_n, warps, CAUSAL_STAGES.get(head_dim, stages) if causal else stages
 
 
 def fp8_blocks(head_dim: int) -> tuple[int, int]:
@@ -194,7 +207,7 @@ def forward_fp8(x: Fp8Inputs, causal: bool, sm_scale: float, out_dtype=torch.flo
     """(o (B, H, N_q, D) in ``out_dtype``, lse (B, H, N_q) fp32 or None) of prepared inputs
     (``prepare_fp8``; the tiles are their blocks): the kernel alone, as FlashAttention-3's FP8
     speed is measured. ``out``: preallocated (o, lse), contiguous (tests poison them);
-    ``warps_stages``: (num_warps, num_stages) instead of ``FP8_CONFIGS``'s."""
+    ``warps_stages``: (num_warps, num_stages) instead of ``fp8_config``'s."""
     B, H, N_Q, D = x.q.shape
     H_KV = x.k.shape[1]
     block_m, block_n = x.block_m, x.block_n
@@ -206,12 +219,12 @@ def forward_fp8(x: Fp8Inputs, causal: bool, sm_scale: float, out_dtype=torch.flo
             N_Q, x.n_k, x.q_scale.shape[-1], x.k_scale.shape[-1])
     meta = {"HEAD_DIM": D, "CAUSAL": bool(causal), "STORE_LSE": bool(store_lse),
             "EXACT_CAST": INTERPRET}
-    warps, stages = warps_stages or FP8_CONFIGS[D][2:]
+    warps, stages = warps_stages or fp8_config(D, causal)[2:]
     config = triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps,
                            num_stages=stages)
     launch(_flash_fwd_fp8_kernel, lambda m: (cdiv(N_Q, m), B * H), args, meta, config)
     return o, (lse if store_lse else None)
 
 
-__all__ = ["FP8_CONFIGS", "Fp8Inputs", "forward_fp8", "fp8_blocks", "prepare_fp8",
-           "to_e4m3_blocks"]
+__all__ = ["CAUSAL_STAGES", "FP8_CONFIGS", "Fp8Inputs", "forward_fp8", "fp8_blocks", "fp8_config",
+           "prepare_fp8", "to_e4m3_blocks"]

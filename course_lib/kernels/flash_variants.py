@@ -23,9 +23,9 @@ and lengths. A row that sees no key: O = 0 and lse = −inf (the sink's logit wi
 Speed on NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-11-29 (B 2, H 16, N 16k, D 128, bf16;
 every provider called eagerly, ``do_bench`` median of 7 rounds in turns; TFLOP/s on the visited
 area, 4·B·H·D per (query, key) pair a row sees; ``python -m course_lib.bench variants``,
-course_lib/data/variants_fwd.json): causal 491 TFLOP/s (FlexAttention 414); window 1024: 321
-(FlexAttention 313), 5.40x faster than full causal; causal with softcap 418, with ALiBi 437, with
-sinks 470; the dense flash_attn_v2 causal 467 (portable kernel) and 525 (Hopper kernel). On Hopper
+course_lib/data/variants_fwd.json): causal 496 TFLOP/s (FlexAttention 419); window 1024: 328
+(FlexAttention 314), 5.44x faster than full causal; causal with softcap 420, with ALiBi 443, with
+sinks 486; the dense flash_attn_v2 causal 475 (portable kernel) and 539 (Hopper kernel). On Hopper
 (sm_90: H100, H200) at D 128, ``flash_attn_v2`` runs the TMA variants kernel instead
 (``flash_variants_hopper.py``); packed sequences always run this one. The story, and what is not
 measured yet: course_lib/data/perf_notes.md.

@@ -31,14 +31,13 @@ Speed on NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-11-29 (B 2, H 16, N
 only the backward timed: ``torch.autograd.grad`` of a forward made once, for every provider;
 ``do_bench`` median of 7 rounds in turns; TFLOP/s on the visited area, 2.5 × 4·B·H·D per (query,
 key) pair a row sees; ``python -m course_lib.bench variants --backward``,
-course_lib/data/variants_bwd.json): causal 396 TFLOP/s (FlexAttention 382); window 1024 297 TFLOP/s
-(FlexAttention 293); causal with softcap 312 TFLOP/s (FlexAttention 199); causal with ALiBi 378
-TFLOP/s (FlexAttention 378); causal with sinks 388; the dense backward (flash_bwd) causal 387.
-Packed sequences (``--varlen``, course_lib/data/variants_varlen.json, an H100 run of the kernels
-before the dK/dV program's one loop, forward and backward): 64 causal sequences of random lengths
-1 to 4096 (mean 2191): forward 343 TFLOP/s against the dense kernel's 359 at the mean length,
-backward 245 against 286 (the packed layout read in place). The story:
-course_lib/data/perf_notes.md.
+course_lib/data/variants_bwd.json): causal 400 TFLOP/s (FlexAttention 382); window 1024 297 TFLOP/s
+(FlexAttention 293); causal with softcap 314 TFLOP/s (FlexAttention 199); causal with ALiBi 394
+TFLOP/s (FlexAttention 381); causal with sinks 392; the dense backward (flash_bwd) causal 391.
+Packed sequences (``--varlen``, course_lib/data/variants_varlen.json, the same GPU and versions,
+forward and backward): 64 causal sequences of random lengths 1 to 4096 (mean 2191): forward 353
+TFLOP/s against the dense kernel's 357 at the mean length, backward 285 against 297 (the packed
+layout read in place). The story: course_lib/data/perf_notes.md.
 """
 from __future__ import annotations
 
@@ -110,8 +109,7 @@ def _bwd_dkdv_variants_kernel(
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn, stride_lb, stride_lh,
     split_rows, VARIANT, sm_scale, H, H_KV, N_Q, N_K, HEADS_PER_SPLIT, N_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASK_BLOCK_M: tl.constexpr, VARIANT_KIND: tl.constexpr, VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    VARIANT_KIND: tl.constexpr, VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Strides count rows of HEAD_DIM elements (every address a multiple of HEAD_DIM: a head dim
     like 40 keeps 16-byte loads): (0, 1, heads) packed, (heads·N, N, 1) in (B, heads, N, D). Row r
@@ -143,8 +141,8 @@ def _bwd_dkdv_variants_kernel(
     dv = tl.zeros([BLOCK_N, HEAD_DIM_PAD], dtype=acc_ty)
     q_offset = N_K - N_Q
     # the rows that see some key of this block, in BLOCK_M steps: the same for every head of the
-    # group. (MASK_BLOCK_M, the dense kernel's narrower masked steps, is not used here.)
-    lo, full_lo, full_hi, hi = _band_rows(start_n, N_Q, N_K, VARIANT, BLOCK_N, BLOCK_M, BLOCK_M)
+    # group
+    lo, full_lo, full_hi, hi = _band_rows(start_n, N_Q, N_K, VARIANT, BLOCK_N, BLOCK_M)
     for g in range(HEADS_PER_SPLIT):
         h = hk * group + split * HEADS_PER_SPLIT + g
         row0 = b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + q_start * stride_qm
@@ -244,7 +242,10 @@ def _bwd_dq_variants_kernel(
 
 
 _KEY = ["N_BUCKET", "HEAD_DIM", "VARIANT_KIND", "VARLEN", "DOT_PRECISION"]
-_dkdv_tuned = _autotuned(_bwd_dkdv_variants_kernel, DKDV_CONFIGS, _KEY)
+# the dense dK/dV kernel's candidates without its narrower masked block (one step size here)
+_dkdv_tuned = _autotuned(_bwd_dkdv_variants_kernel, [
+    triton.Config({n: b for n, b in c.kwargs.items() if n != "MASK_BLOCK_M"},
+                  num_warps=c.num_warps, num_stages=c.num_stages) for c in DKDV_CONFIGS], _KEY)
 _dq_tuned = _autotuned(_bwd_dq_variants_kernel, DQ_CONFIGS, _KEY + ["LONGEST_FIRST"])
 _STRIDES = ("stride_qb", "stride_qh", "stride_qm", "stride_kb", "stride_kh", "stride_kn",
             "stride_lb", "stride_lh")

@@ -11,22 +11,23 @@ portable variants' kernel (``flash_variants.py``) computes, with lesson 09's mem
    (``ROWSUM_MMA``). Packed sequences (varlen) stay on the portable kernel.
 2. **The pinned max, with the band.** The dense kernel pins each row's max after the first key
    block, which every row of a causal block sees. In a band the first block may hold no key of
-   some rows, so this kernel first runs the *last block every row sees in full* (the one
-   nearest the diagonal), pins its row max, and runs the rest of the band against it in any
-   order (nothing is rescaled). A block with no such full key block (a window narrower than the
-   tile), or a weight 2^(s − m) that overflows P (above fp16's 65504, about 2^16), runs again
-   with the running max. ALiBi keeps the running max: its bias lets a row's nearest keys score
-   up to slope × (BLOCK_M + BLOCK_N − 1) above the pinned block (63.5 at slope 1/2 with 64 × 64
-   tiles), enough to overflow fp16's P and run the program twice; pinning for gentle slopes is
-   not measured.
+   some rows, so this kernel first runs, with the running max, the *last block every row sees
+   in full* (the one nearest the diagonal) and the band's right edge: the keys nearest each
+   row. It pins the row max it reaches there and runs the rest of the band (the left edge, then
+   the middle) against it, in any order (nothing is rescaled). The nearest keys matter for
+   ALiBi: its bias lets them score up to slope × (BLOCK_M + BLOCK_N − 1) above the full block
+   (63.5 at slope 1/2 with 64 × 64 tiles), enough to overflow fp16's P against that block
+   alone. A block with no such full key block (a window narrower than the tile), or a weight
+   2^(s − m) that still overflows P (above fp16's 65504, about 2^16), runs again with the
+   running max.
 
 Speed on NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-11-29 (B 2, H 16, N 16k, D 128, bf16;
 every provider called eagerly, ``do_bench`` median of 7 rounds in turns; TFLOP/s on the visited
 area, 4·B·H·D per (query, key) pair a row sees; ``python -m course_lib.bench variants``,
-course_lib/data/variants_fwd.json): causal 501 TFLOP/s (FlexAttention 414); window 1024: 397
-(FlexAttention 313), 6.54x faster than its own full causal and 6.23x faster than the dense Hopper
-kernel's; causal with softcap 481 (FlexAttention 199), with ALiBi 432 (FlexAttention 388), with
-sinks 515; the dense flash_attn_v2 causal 525 (Hopper kernel). The tiles, pinned max and row sums
+course_lib/data/variants_fwd.json): causal 509 TFLOP/s (FlexAttention 419); window 1024: 400
+(FlexAttention 314), 6.49x faster than its own full causal and 6.12x faster than the dense Hopper
+kernel's; causal with softcap 495 (FlexAttention 199), with ALiBi 493 (FlexAttention 389), with
+sinks 522; the dense flash_attn_v2 causal 539 (Hopper kernel). The tiles, pinned max and row sums
 were chosen by timing every candidate in turns on an H100 (``--tiles``,
 course_lib/data/variants_hopper_tiles.json); the story: course_lib/data/perf_notes.md.
 """
@@ -124,11 +125,12 @@ def _flash_fwd_variants_hopper_kernel(
     redo = full_hi <= full_lo  # no key block that every row sees in full: the running max
     if PINNED_MAX:
         if full_hi > full_lo:
-            pin = full_hi - BLOCK_N  # the full block nearest the diagonal sets the reference
+            # the reference: the running max over the full block nearest the diagonal and the
+            # band's right edge, the keys nearest each row (ALiBi's bias favours them)
+            pin = full_hi - BLOCK_N
             acc, m_i, l_i = _band_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m, pin,
-                                      full_hi, q_offset, sm_scale, VARIANT, head_values, j_lo,
-                                      j_hi, HEAD_DIM, BLOCK_N, False, False, DOT_PRECISION,
-                                      ROWSUM_MMA)
+                                      hi, q_offset, sm_scale, VARIANT, head_values, j_lo, j_hi,
+                                      HEAD_DIM, BLOCK_N, True, False, DOT_PRECISION, ROWSUM_MMA)
             # the rest of the band against it, in any order (nothing is rescaled)
             acc, m_i, l_i = _band_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m, lo,
                                       full_lo, q_offset, sm_scale, VARIANT, head_values, j_lo,
@@ -137,10 +139,6 @@ def _flash_fwd_variants_hopper_kernel(
             acc, m_i, l_i = _band_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m,
                                       full_lo, pin, q_offset, sm_scale, VARIANT, head_values,
                                       j_lo, j_hi, HEAD_DIM, BLOCK_N, False, True, DOT_PRECISION,
-                                      ROWSUM_MMA)
-            acc, m_i, l_i = _band_tma(acc, m_i, l_i, q, desc_k, desc_v, b, h_kv, offs_m,
-                                      full_hi, hi, q_offset, sm_scale, VARIANT, head_values,
-                                      j_lo, j_hi, HEAD_DIM, BLOCK_N, True, True, DOT_PRECISION,
                                       ROWSUM_MMA)
             # P overflowed (inf; NaN fails the test too): again, with the running max
             redo = tl.max(tl.where(tl.abs(acc) < float("inf"), 0, 1)) > 0
@@ -199,9 +197,6 @@ def forward_variants_hopper(q, k, v, sm_scale: float, variant: Variant, out=None
     meta = dict(HEAD_DIM=D, LONGEST_FIRST=tuple(variant.window) == (-1, 0),
                 DOT_PRECISION=dot_precision(q.dtype), STORE_LSE=lse is not None)
     config = config or VARIANTS_HOPPER_TABLE[_head_dim_class(D)]
-    if variant.alibi_slopes is not None and config.kwargs["PINNED_MAX"]:  # ALiBi: the running max
-        config = triton.Config({**config.kwargs, "PINNED_MAX": False}, num_warps=config.num_warps,
-                               num_stages=config.num_stages, pre_hook=config.pre_hook)
     bindable = bind and all(a is b for a, b in zip((q, k, v), given)) and aligned(q, k, v, o)
     again = launch(_flash_fwd_variants_hopper_kernel, lambda bm: (cdiv(N_Q, bm), B * H), args,
                    meta, config, prepare=prepare, free=5 if bindable else 0)

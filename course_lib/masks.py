@@ -141,6 +141,10 @@ def variant_scores(s: torch.Tensor, variant) -> torch.Tensor:
     return s
 
 
+# The public calls' default window: a call that passes this very object has none.
+NO_WINDOW = (-1, -1)
+
+
 class Variant(NamedTuple):
     """The variants of one attention call (lesson 15), checked: what every kernel that serves
     them takes, from the checks to the launch. ``window`` (left, right), −1 for an unbounded

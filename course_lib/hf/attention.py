@@ -94,6 +94,7 @@ import weakref
 
 import torch
 
+from course_lib.masks import NO_WINDOW  # FlashAttention's window_size for no window
 from course_lib.ops import flash_attn_v2, flash_attn_varlen, flash_decode
 
 try:
@@ -117,7 +118,6 @@ except ImportError as e:  # pragma: no cover - the message is the point
 
 ATTN_IMPLEMENTATION = "course_kernels"
 DECODE_MAX_QUERIES = 16  # at most this many new tokens against a cache: flash_decode
-NO_WINDOW = (-1, -1)  # FlashAttention's window_size for no window
 CALLS: collections.Counter = collections.Counter()  # eager calls by route
 VARIANTS: collections.Counter = collections.Counter()  # eager calls that applied each variant
 

@@ -45,13 +45,12 @@ from course_lib.kernels.flash_v2_hopper import forward_hopper
 from course_lib.kernels.flash_variants import forward_variants, forward_variants_varlen
 from course_lib.kernels.flash_variants_bwd import backward_variants, backward_variants_varlen
 from course_lib.kernels.flash_variants_hopper import MEASURED_HEAD_DIMS, forward_variants_hopper
-from course_lib.masks import Variant, check_variants
+from course_lib.masks import NO_WINDOW, Variant, check_variants
 from course_lib.ops.impl import IMPLS, best_impl, check_impl  # noqa: F401 (IMPLS re-exported)
 from course_lib.ops.library import operator
 from course_lib.validate import check_attention_inputs, check_sm_scale, check_tensor, check_varlen
 
 _FORWARDS = {"portable": forward_portable, "hopper": forward_hopper}  # impl -> its launcher
-NO_WINDOW = (-1, -1)  # the default window: a call that passes this very object has none
 
 
 def _flash_attn_v2_forward(q, k, v, causal, sm_scale, impl=None, out=None, store_lse=True):

@@ -35,7 +35,7 @@ from course_lib._device import DEVICE
 from course_lib._launch import hooks_installed, int_classes
 from course_lib.kernels import decode as kd
 from course_lib.kernels.attention_common import empty_like_is_output, empty_output
-from course_lib.masks import Variant, check_variants
+from course_lib.masks import NO_WINDOW, Variant, check_variants
 from course_lib.ops.library import operator
 from course_lib.validate import (
     check_attention_inputs,
@@ -44,8 +44,6 @@ from course_lib.validate import (
     check_sm_scale,
     check_tensor,
 )
-
-NO_WINDOW = (-1, -1)  # the default window: a call that passes this very object has none
 
 # ---------------------------------------------------------------------------------------------
 # checks of the arguments (shapes, dtypes, devices; the values where ``validate`` says)

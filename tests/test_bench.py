@@ -262,3 +262,18 @@ def test_gpu_hbm_of_v1_is_measured(tmp_path):
     assert hbm.main(["--targets", "v1", "--out", str(tmp_path), "--no-plot"]) == 0
     (row,) = json.loads((tmp_path / "hbm.json").read_text())["rows"]
     assert row["error"] is None and row["total_gb"] > 0
+
+
+def test_registers_reads_cuobjdump_and_covers_the_candidates():
+    from course_lib.bench import common, registers
+
+    text = ("Resource usage:\n Function _bwd_dkdv_kernel:\n  REG:255 STACK:48 SHARED:1024 "
+            "LOCAL:0 CONSTANT[0]:608 TEXTURE:0 SURFACE:0 SAMPLER:0\n")
+    assert registers.parse_usage(text) == {"registers": 255, "stack_bytes": 48,
+                                           "shared_bytes": 1024}
+    with pytest.raises(ValueError, match="no resource usage"):
+        registers.parse_usage("nothing here")
+    stored = common.load_result("backward_registers")
+    tiles = {(r["D"], r["BLOCK_M"], r["BLOCK_N"], r["warps"], r["stages"]) for r in stored["rows"]}
+    for d in registers.HEAD_DIMS:  # the stored run compiled every tile the autotuner may pick
+        assert {(d, m, n, w, s) for m, n, _, w, s in registers._tiles(d)} <= tiles

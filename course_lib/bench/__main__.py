@@ -6,7 +6,7 @@ import importlib
 import sys
 
 SUBJECTS = ("attention", "backward_forms", "decode", "dropin", "fp8", "host", "matmul", "hbm",
-            "memory", "hopper", "variants")
+            "memory", "hopper", "registers", "variants")
 
 
 def main(argv=None) -> int:

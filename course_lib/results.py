@@ -635,6 +635,22 @@ def _facts_backward(add, load) -> None:
             f"data/memory.json N 16384 {prov} peak")
         add(f"mem_{short}_kept", f"{mem[prov]['saved_bytes'] / 2**20:,.0f} MiB", "06_backward",
             f"data/memory.json N 16384 {prov} kept")
+    from course_lib.bench.registers import programs_per_sm
+
+    compiled = [r for r in load("backward_registers")["rows"]
+                if r["D"] == 128 and (r["BLOCK_M"], r["BLOCK_N"]) == (64, 64) and not r["causal"]]
+    for r in compiled:
+        short = "two" if r["form"] == "two kernels" else "one"
+        add(f"bwd_regs_{short}_shared", f"{r['shared_bytes'] / 1024:.1f} KiB", "06_backward",
+            f"data/backward_registers.json D 128 64x64 {r['form']} shared bytes")
+        add(f"bwd_regs_{short}_registers", f"{r['registers']}", "06_backward",
+            f"data/backward_registers.json D 128 64x64 {r['form']} registers")
+        add(f"bwd_regs_{short}_programs", f"{programs_per_sm(r)}", "06_backward",
+            f"data/backward_registers.json D 128 64x64 {r['form']}: programs per SM")
+    one = [r["one pass"]["tflops"] / r["two kernels"]["tflops"]
+           for r in load("backward_forms")["rows"] if r["D"] == 128 and r["N"] >= 4096]
+    add("bwd_one_pass_vs_two", _span(one, unit=""), "06_backward",
+        "data/backward_forms.json D 128, N >= 4k: one pass / two kernels")
     bwd_speed = load("attention_bwd")
     for key, (D, causal, prov) in {"bwd_128_c_portable": (128, True, "v2-portable"),
                                    "bwd_128_c_fa2": (128, True, "sdpa-FLASH_ATTENTION"),

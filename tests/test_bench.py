@@ -277,3 +277,7 @@ def test_registers_reads_cuobjdump_and_covers_the_candidates():
     tiles = {(r["D"], r["BLOCK_M"], r["BLOCK_N"], r["warps"], r["stages"]) for r in stored["rows"]}
     for d in registers.HEAD_DIMS:  # the stored run compiled every tile the autotuner may pick
         assert {(d, m, n, w, s) for m, n, _, w, s in registers._tiles(d)} <= tiles
+    # 96.5 KiB twice fits an SM's 228 KiB, 128.5 KiB once; 255 registers x 128 threads twice
+    assert registers.programs_per_sm({"shared_bytes": 98816, "registers": 255, "warps": 4}) == 2
+    assert registers.programs_per_sm({"shared_bytes": 131584, "registers": 255, "warps": 4}) == 1
+    assert registers.programs_per_sm({"shared_bytes": 40000, "registers": 255, "warps": 8}) == 1

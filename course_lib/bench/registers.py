@@ -32,6 +32,10 @@ from pathlib import Path
 from course_lib.bench.common import DATA_DIR
 
 ARCH = 90  # sm_90: the H100 and H200
+# One SM of sm_90: 228 KiB of shared memory (1 KiB of it reserved per resident program) and
+# 65,536 registers, handed out per thread in groups of 8 (NVIDIA, CUDA C++ Programming Guide,
+# "Compute Capabilities"; Hopper Tuning Guide).
+SM_SHARED, SHARED_RESERVED, SM_REGISTERS = 228 * 1024, 1024, 65536
 HEAD_DIMS = (64, 128)
 _CHILD = ("import sys, torch; torch.cuda.is_available = lambda: True; "
           "from course_lib.bench.registers import _rows; _rows(sys.argv[1])")
@@ -127,6 +131,13 @@ def run() -> dict:
            "triton": triton.__version__, "python": platform.python_version(),
            "target": f"sm_{ARCH}", "compiled_on": "CPU (no GPU)"}
     return {"environment": env, "kernel": "flash_bwd._bwd_dkdv_kernel", "rows": rows}
+
+
+def programs_per_sm(row: dict) -> int:
+    """How many programs of a compiled row fit on one SM at once, by shared memory and registers."""
+    by_shared = SM_SHARED // (row["shared_bytes"] + SHARED_RESERVED)
+    allocated = -(-row["registers"] // 8) * 8
+    return min(by_shared, SM_REGISTERS // (allocated * 32 * row["warps"]))
 
 
 def report(result: dict) -> str:

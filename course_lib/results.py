@@ -636,9 +636,11 @@ def _facts_backward(add, load) -> None:
         add(f"mem_{short}_kept", f"{mem[prov]['saved_bytes'] / 2**20:,.0f} MiB", "06_backward",
             f"data/memory.json N 16384 {prov} kept")
     from course_lib.bench.registers import programs_per_sm
+    from course_lib.kernels.flash_bwd import GPU_CONFIGS
 
-    compiled = [r for r in load("backward_registers")["rows"]
-                if r["D"] == 128 and (r["BLOCK_M"], r["BLOCK_N"]) == (64, 64) and not r["causal"]]
+    named = GPU_CONFIGS[128]  # the dK/dV tile D 128 runs
+    compiled = [r for r in load("backward_registers")["rows"] if r["D"] == 128 and not r["causal"]
+                and (r["BLOCK_M"], r["BLOCK_N"]) == (named.block_m1, named.block_n1)]
     for r in compiled:
         short = "two" if r["form"] == "two kernels" else "one"
         add(f"bwd_regs_{short}_shared", f"{r['shared_bytes'] / 1024:.1f} KiB", "06_backward",

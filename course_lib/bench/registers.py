@@ -20,22 +20,21 @@ course_lib/data/backward_registers.json.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
-import platform
 import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from course_lib.bench.common import DATA_DIR
+from course_lib.bench.common import DATA_DIR, environment
+from course_lib.hardware import GPUSpec, get_gpu
 
 ARCH = 90  # sm_90: the H100 and H200
-# One SM of sm_90: 228 KiB of shared memory (1 KiB of it reserved per resident program) and
-# 65,536 registers, handed out per thread in groups of 8 (NVIDIA, CUDA C++ Programming Guide,
-# "Compute Capabilities"; Hopper Tuning Guide).
-SM_SHARED, SHARED_RESERVED, SM_REGISTERS = 228 * 1024, 1024, 65536
+# Of an SM's shared memory (``hardware``), 1 KiB is reserved per resident program; registers are
+# handed out per thread in groups of 8 (NVIDIA, CUDA C++ Programming Guide, "Compute
+# Capabilities"; Hopper Tuning Guide).
+SHARED_RESERVED, REGISTER_GROUP = 1024, 8
 HEAD_DIMS = (64, 128)
 _CHILD = ("import sys, torch; torch.cuda.is_available = lambda: True; "
           "from course_lib.bench.registers import _rows; _rows(sys.argv[1])")
@@ -121,23 +120,21 @@ def _rows(out: str) -> None:
 
 def run() -> dict:
     """Compile in a child process; the rows with what produced them."""
-    import triton
-
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
         subprocess.run([sys.executable, "-c", _CHILD, str(out)], check=True)
         rows = json.loads(out.read_text())
-    env = {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "triton": triton.__version__, "python": platform.python_version(),
-           "target": f"sm_{ARCH}", "compiled_on": "CPU (no GPU)"}
-    return {"environment": env, "kernel": "flash_bwd._bwd_dkdv_kernel", "rows": rows}
+    return {"environment": {**environment(), "target": f"sm_{ARCH}"},
+            "kernel": "flash_bwd._bwd_dkdv_kernel", "rows": rows}
 
 
-def programs_per_sm(row: dict) -> int:
-    """How many programs of a compiled row fit on one SM at once, by shared memory and registers."""
-    by_shared = SM_SHARED // (row["shared_bytes"] + SHARED_RESERVED)
-    allocated = -(-row["registers"] // 8) * 8
-    return min(by_shared, SM_REGISTERS // (allocated * 32 * row["warps"]))
+def programs_per_sm(row: dict, gpu: GPUSpec | None = None) -> int:
+    """How many programs of a compiled row fit on one SM of ``gpu`` (an H200 by default) at
+    once, by shared memory and by registers."""
+    gpu = gpu or get_gpu("H200")
+    by_shared = gpu.smem_per_sm_bytes // (row["shared_bytes"] + SHARED_RESERVED)
+    allocated = -(-row["registers"] // REGISTER_GROUP) * REGISTER_GROUP
+    return min(by_shared, int(gpu.regs_per_sm_kib * 1024) // 4 // (allocated * 32 * row["warps"]))
 
 
 def report(result: dict) -> str:

@@ -203,6 +203,86 @@ def test_varlen_packed_sequences_match_the_reference(name):
     torch.testing.assert_close(lse[seen], ref_lse[seen], atol=3e-5, rtol=3e-5)
 
 
+def _paged(k, lens_k, page_size, num_blocks, generator):
+    """Packed k (total_k, H_kv, D) as pages (num_blocks, page_size, H_kv, D) in a random order,
+    and the block table (B, max_blocks) int32 (unused entries -1)."""
+    max_blocks = max(-(-n // page_size) for n in lens_k)
+    pages = fresh_randn(num_blocks, page_size, *k.shape[1:])  # other sequences' keys around
+    table = torch.full((len(lens_k), max(max_blocks, 1)), -1, dtype=torch.int32)
+    free = torch.randperm(num_blocks, generator=generator).tolist()
+    start = 0
+    for b, n in enumerate(lens_k):
+        for j in range(-(-n // page_size)):
+            page = free.pop()
+            table[b, j] = page
+            rows = k[start + j * page_size: start + min(n, (j + 1) * page_size)]
+            pages[page, :len(rows)] = rows
+        start += n
+    return pages, table.to(k.device)
+
+
+@pytest.mark.parametrize("page_size", [16, 5])
+@pytest.mark.parametrize("name", ["causal", "window", "everything"])
+def test_varlen_over_a_paged_cache_matches_the_packed_keys(name, page_size):
+    """A serving step: chunks of new queries (a prefill chunk, single decode tokens, none)
+    against each sequence's whole cache in pages, through ``flash_attn_varlen(block_table=)``:
+    the same result as the packed keys, with poisoned pages around them."""
+    from course_lib.ops import flash_attn_varlen
+    from course_lib.reference import attention_varlen
+
+    lens_q, lens_k = [5, 0, 1, 1, 33, 16], [9, 3, 37, 20, 33, 70]
+    H, H_kv, D = 4, 2, 32
+    dev = fresh_randn(1).device
+    g = torch.Generator().manual_seed(page_size)
+    cu_q = torch.tensor([0, *itertools.accumulate(lens_q)], dtype=torch.int32, device=dev)
+    cu_k = torch.tensor([0, *itertools.accumulate(lens_k)], dtype=torch.int32, device=dev)
+    q = fresh_randn(sum(lens_q), H, D)
+    k, v = fresh_randn(sum(lens_k), H_kv, D), fresh_randn(sum(lens_k), H_kv, D)
+    k_pages, table = _paged(k, lens_k, page_size, 40, g)
+    v_pages, _ = _paged(v, lens_k, page_size, 40, torch.Generator().manual_seed(page_size))
+    causal, window, softcap, slopes, sink = _extras(name, len(lens_q), H, dev)
+    o, lse = flash_attn_varlen(q, k_pages, v_pages, cu_q, cu_k, max(lens_q), max(lens_k),
+                               causal, 0.25, window_size=window, softcap=softcap,
+                               alibi_slopes=slopes, sinks=sink, return_lse=True,
+                               block_table=table)
+    ref_o, ref_lse = attention_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal,
+                                      0.25, return_lse=True, window_size=window, softcap=softcap,
+                                      alibi_slopes=slopes, sinks=sink)
+    torch.testing.assert_close(o, ref_o.to(o.dtype), atol=3e-5, rtol=3e-5)
+    seen = ~torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse), ~seen)
+    torch.testing.assert_close(lse[seen], ref_lse[seen], atol=3e-5, rtol=3e-5)
+
+
+def test_varlen_over_pages_names_a_bad_argument():
+    from course_lib.ops import flash_attn_varlen
+
+    dev = fresh_randn(1).device
+    q, pages = fresh_randn(3, 2, 16), fresh_randn(4, 8, 1, 16)
+    cu_q = torch.tensor([0, 1, 3], dtype=torch.int32, device=dev)
+    cu_k = torch.tensor([0, 5, 17], dtype=torch.int32, device=dev)
+    table = torch.tensor([[0, -1], [1, 2]], dtype=torch.int32, device=dev)
+    flash_attn_varlen(q, pages, pages, cu_q, cu_k, 2, 12, True, block_table=table)
+    bad = torch.tensor([[0, -1], [1, 9]], dtype=torch.int32, device=dev)
+    with pytest.raises(ValueError, match=r"block_table\[1, 1\] = 9"):  # values: validate=True
+        flash_attn_varlen(q, pages, pages, cu_q, cu_k, 2, 12, True, block_table=bad,
+                          validate=True)
+    with pytest.raises(ValueError, match=r"cu_seqlens_k gives key counts in \[10, 24\]"):
+        flash_attn_varlen(q, pages, pages, cu_q, cu_k.mul(2), 2, 24, True, block_table=table,
+                          validate=True)
+    with pytest.raises(ValueError, match="max_seqlen_k = 10"):
+        flash_attn_varlen(q, pages, pages, cu_q, cu_k, 2, 10, True, block_table=table,
+                          validate=True)
+    with pytest.raises(TypeError, match="block_table must be int32"):
+        flash_attn_varlen(q, pages, pages, cu_q, cu_k, 2, 12, True, block_table=table.long())
+    with pytest.raises(ValueError, match="k must be pages"):
+        flash_attn_varlen(q, fresh_randn(8, 4, 1, 16).transpose(0, 1), pages, cu_q, cu_k, 2,
+                          12, True, block_table=table)
+    with pytest.raises(NotImplementedError, match="no backward"):
+        flash_attn_varlen(q.requires_grad_(), pages, pages, cu_q, cu_k, 2, 12, True,
+                          block_table=table)
+
+
 @triton.jit
 def _bounds_probe(OUT, N_Q, N_K, VARIANT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid = tl.program_id(0)

@@ -76,6 +76,19 @@ def test_opcheck_with_the_layout_transformers_hands_over():
     assert o3.transpose(1, 2).is_contiguous()
 
 
+def test_opcheck_varlen_over_a_paged_cache():
+    """The serving step's operator: packed queries against pages through a block table."""
+    q, k, v, lens = _decode_inputs()
+    k_pages, v_pages, table = _pages(k, v)
+    n_q = torch.tensor([1, 3], dtype=torch.int32, device=q.device)[:q.shape[0]]
+    cu_q = torch.cat([n_q.new_zeros(1), n_q.cumsum(0, dtype=torch.int32)])
+    cu_k = torch.cat([lens.new_zeros(1), lens.cumsum(0, dtype=torch.int32)])
+    qp = fresh_randn(int(cu_q[-1]), q.shape[1], q.shape[-1])
+    args = (qp, k_pages, v_pages, cu_q, cu_k, table, 3, int(lens.max()), 0.25, -1, 0, 0.0,
+            None, None)
+    torch.library.opcheck(torch.ops.course.flash_attn_varlen_paged_fwd.default, args)
+
+
 def test_opcheck_decode_ops():
     q, k, v, lens = _decode_inputs()
     torch.library.opcheck(torch.ops.course.flash_decode.default, (q, k, v, lens, 0, 0.25))

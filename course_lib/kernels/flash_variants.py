@@ -17,7 +17,10 @@ kernel (``flash_v2.py``) with two changes, which is the lesson's point: every va
 
 Packed sequences (``forward_variants_varlen``, FlashAttention's varlen layout: q (total_q, H,
 D), ``cu_seqlens``) run in the same kernel (``VARLEN``): a program reads its sequence's offsets
-and lengths. A row that sees no key: O = 0 and lse = −inf (the sink's logit with a sink).
+and lengths. With a block table (``PAGE_SIZE`` > 0) K and V are lesson 13's pages, and key n of
+sequence b is row ``table[b, n // PAGE_SIZE]·PAGE_SIZE + n % PAGE_SIZE`` of them (``_key_rows``):
+a serving step's prefill chunks and decode tokens in one launch (lesson 16). A row that sees no
+key: O = 0 and lse = −inf (the sink's logit with a sink).
 ``course_lib.reference.attention_variants`` is the ground truth.
 
 Speed on NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-11-29 (B 2, H 16, N 16k, D 128, bf16;
@@ -66,15 +69,28 @@ from course_lib.masks import Variant
 
 
 @triton.jit
+def _key_rows(offs_n, table, N_K, PAGE_SIZE: tl.constexpr):
+    """Where keys ``offs_n`` of a sequence lie, in rows of K and V: the keys themselves, or in
+    a paged cache (PAGE_SIZE > 0) row ``table[n // PAGE_SIZE]·PAGE_SIZE + n % PAGE_SIZE`` of
+    the pages (PagedAttention's layout). Keys past N_K read the table's entry 0 (masked)."""
+    if PAGE_SIZE > 0:
+        page = tl.load(table + offs_n // PAGE_SIZE, mask=offs_n < N_K, other=0).to(tl.int64)
+        return page * PAGE_SIZE + offs_n % PAGE_SIZE
+    else:
+        return offs_n
+
+
+@triton.jit
 def _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs_m, offs_d, d_ok,
-                    lo, hi, N_K, q_offset, sm_scale, VARIANT, head_values, j_lo, j_hi,
+                    lo, hi, N_K, q_offset, sm_scale, VARIANT, head_values, j_lo, j_hi, table,
                     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    PAD_D: tl.constexpr):
+                    PAD_D: tl.constexpr, PAGE_SIZE: tl.constexpr):
     offs_n0 = tl.arange(0, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + offs_n0
-        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :]  # (BLOCK_N, HEAD_DIM_PAD)
-        v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :]
+        rows = _key_rows(offs_n, table, N_K, PAGE_SIZE)
+        k_ptrs = k_base + rows[:, None] * stride_kn + offs_d[None, :]  # (BLOCK_N, HEAD_DIM_PAD)
+        v_ptrs = v_base + rows[:, None] * stride_vn + offs_d[None, :]
         rows_ok = offs_n[:, None] < N_K
         k = _load_tile(k_ptrs, rows_ok, d_ok, MASKED, PAD_D)  # no mask where the band is full
         qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
@@ -91,7 +107,7 @@ def _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs
 
 @triton.jit
 def _flash_fwd_variants_kernel(
-    Q, K, V, O, LSE, CU_Q, CU_K,
+    Q, K, V, O, LSE, CU_Q, CU_K, TABLE, stride_tb,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
@@ -99,10 +115,11 @@ def _flash_fwd_variants_kernel(
     VARIANT, sm_scale, H, GROUP, N_Q, N_K, N_BUCKET,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     LONGEST_FIRST: tl.constexpr, VARIANT_KIND: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    STORE_LSE: tl.constexpr = True, VARLEN: tl.constexpr = False,
+    STORE_LSE: tl.constexpr = True, VARLEN: tl.constexpr = False, PAGE_SIZE: tl.constexpr = 0,
 ):
     """``VARIANT``: the call's variants (``band.variant_args``); ``VARIANT_KIND`` which of them
-    it has, for the autotuner's key."""
+    it has, for the autotuner's key. PAGE_SIZE > 0: K and V are pages, and row b of TABLE
+    (B, max_blocks) maps sequence b's key blocks to them."""
     pid_m, pid_bh, b, h, h_kv = _q_block_program(H, GROUP, LONGEST_FIRST)
     start_m = pid_m * BLOCK_M
     HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)
@@ -112,6 +129,9 @@ def _flash_fwd_variants_kernel(
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_ok = offs_d[None, :] < HEAD_DIM
     q_start, k_start, N_Q, N_K = _sequence(CU_Q, CU_K, b, N_Q, N_K, VARLEN)  # (packed: its rows)
+    table = TABLE + b.to(tl.int64) * stride_tb  # (paged: its block table's row)
+    if PAGE_SIZE > 0:
+        k_start = 0  # a paged sequence's keys are found through its table
     q_base = Q + b.to(tl.int64) * stride_qb + q_start * stride_qm + h.to(tl.int64) * stride_qh
     k_base = K + b.to(tl.int64) * stride_kb + k_start * stride_kn + h_kv.to(tl.int64) * stride_kh
     v_base = V + b.to(tl.int64) * stride_vb + k_start * stride_vn + h_kv.to(tl.int64) * stride_vh
@@ -135,16 +155,16 @@ def _flash_fwd_variants_kernel(
     # the band's left edge (masked), the blocks every row sees (no mask), the right edge (masked)
     acc, m_i, l_i = _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
                                     offs_m, offs_d, d_ok, lo, full_lo, N_K, q_offset, sm_scale,
-                                    VARIANT, head_values, j_lo, j_hi, BLOCK_N, True,
-                                    DOT_PRECISION, PAD_D)
+                                    VARIANT, head_values, j_lo, j_hi, table, BLOCK_N, True,
+                                    DOT_PRECISION, PAD_D, PAGE_SIZE)
     acc, m_i, l_i = _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
                                     offs_m, offs_d, d_ok, full_lo, full_hi, N_K, q_offset,
-                                    sm_scale, VARIANT, head_values, j_lo, j_hi, BLOCK_N, False,
-                                    DOT_PRECISION, PAD_D)
+                                    sm_scale, VARIANT, head_values, j_lo, j_hi, table, BLOCK_N,
+                                    False, DOT_PRECISION, PAD_D, PAGE_SIZE)
     acc, m_i, l_i = _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn,
                                     offs_m, offs_d, d_ok, full_hi, hi, N_K, q_offset, sm_scale,
-                                    VARIANT, head_values, j_lo, j_hi, BLOCK_N, True,
-                                    DOT_PRECISION, PAD_D)
+                                    VARIANT, head_values, j_lo, j_hi, table, BLOCK_N, True,
+                                    DOT_PRECISION, PAD_D, PAGE_SIZE)
     # with sinks: one more term of the denominator, e^{sink}, with no value
     acc, m_i, l_i = _join_sink(acc, m_i, l_i, VARIANT, h)
 
@@ -164,22 +184,28 @@ VARIANT_CONFIGS = [_cfg(128, 64, 8, 3), *PORTABLE_CONFIGS]
 
 _variants_tuned = triton.autotune(
     configs=VARIANT_CONFIGS,
-    key=["N_BUCKET", "HEAD_DIM", "LONGEST_FIRST", "VARIANT_KIND", "DOT_PRECISION", "GROUP"],
+    key=["N_BUCKET", "HEAD_DIM", "LONGEST_FIRST", "VARIANT_KIND", "DOT_PRECISION", "GROUP",
+         "PAGE_SIZE"],
     prune_configs_by={"early_config_prune": keep_config_for_head_dim},
 )(_flash_fwd_variants_kernel)
 
 
-def _launch(q, k, v, o, lse, sm_scale, variant, B, N_Q, N_K, strides, cu=None, free=0):
+def _launch(q, k, v, o, lse, sm_scale, variant, B, N_Q, N_K, strides, cu=None, table=None,
+            free=0):
     """One launch on B sequences (at most N_Q queries and N_K keys each). ``strides``: q's, k's,
-    v's and o's (batch, head, row), then lse's (batch, head); ``cu``: the packed offsets.
-    ``free``: as ``attention_common.launch``'s (the bound launch, or None)."""
-    H, H_KV, D = q.shape[1], k.shape[1], q.shape[-1]  # (B, H, N, D), or packed (total, H, D)
+    v's and o's (batch, head, row), then lse's (batch, head); ``cu``: the packed offsets;
+    ``table``: the block table of a paged k and v. ``free``: as ``attention_common.launch``'s
+    (the bound launch, or None)."""
+    # q (B, H, N, D) or packed (total, H, D); k (B, H_kv, N, D), packed, or pages
+    H, H_KV, D = q.shape[1], k.shape[-2] if table is not None else k.shape[1], q.shape[-1]
     lse_arg = o if lse is None else lse  # (never written without STORE_LSE)
     values, kind = variant_args(variant)
-    args = (q, k, v, o, lse_arg, *(cu or (lse_arg, lse_arg)), *strides, values, float(sm_scale),
-            H, H // H_KV, N_Q, N_K, next_pow2(max(N_Q, N_K)))
+    args = (q, k, v, o, lse_arg, *(cu or (lse_arg, lse_arg)),
+            *((table, table.stride(0)) if table is not None else (lse_arg, 0)), *strides, values,
+            float(sm_scale), H, H // H_KV, N_Q, N_K, next_pow2(max(N_Q, N_K)))
     meta = dict(HEAD_DIM=D, LONGEST_FIRST=tuple(variant.window) == (-1, 0), VARIANT_KIND=kind,
-                DOT_PRECISION=dot_precision(q.dtype), STORE_LSE=lse is not None, VARLEN=bool(cu))
+                DOT_PRECISION=dot_precision(q.dtype), STORE_LSE=lse is not None, VARLEN=bool(cu),
+                PAGE_SIZE=k.shape[1] if table is not None else 0)
     config = keep_config_for_head_dim(VARIANT_CONFIGS, {"HEAD_DIM": D})[0]
     return launch(_flash_fwd_variants_kernel, lambda bm: (cdiv(N_Q, bm), B * H), args, meta,
                   config, _variants_tuned if args[-1] >= AUTOTUNE_MIN_N else None, free=free)
@@ -203,15 +229,20 @@ def forward_variants(q, k, v, sm_scale: float, variant: Variant, out=None, store
 
 
 def forward_variants_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
-                            max_seqlen_k: int, sm_scale: float, variant: Variant, out=None):
+                            max_seqlen_k: int, sm_scale: float, variant: Variant, out=None,
+                            block_table=None):
     """Packed sequences (FlashAttention's varlen layout): q (total_q, H, D), k and v (total_k,
     H_kv, D), ``cu_seqlens_*`` int32 (B + 1,) on q's device, each sequence aligned bottom-right
-    on its own. Returns o (total_q, H, D) and lse (H, total_q). ``out``: preallocated (o, lse)."""
+    on its own. Returns o (total_q, H, D) and lse (H, total_q). ``out``: preallocated (o, lse).
+    ``block_table`` (B, max_blocks) int32: k and v are pages (num_blocks, page_size, H_kv, D),
+    each page contiguous, and sequence b's keys are its ``cu_seqlens_k[b + 1] −
+    cu_seqlens_k[b]`` first keys through row b of the table (FlashAttention's paged varlen)."""
     total_q, H, _ = q.shape
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     o, lse = out or (torch.empty_like(q), q.new_empty((H, total_q), dtype=torch.float32))
-    # no batch stride: sequence b's rows start at cu_seqlens[b]
-    strides = [x for t in (q, k, v, o) for x in (0, t.stride(1), t.stride(0))] + [0, lse.stride(0)]
+    # no batch stride: sequence b's rows start at cu_seqlens[b] (paged: at its table's pages)
+    kv = [x for t in (k, v) for x in (0, t.stride(-2), t.stride(-3))]
+    strides = [0, q.stride(1), q.stride(0), *kv, 0, o.stride(1), o.stride(0), 0, lse.stride(0)]
     _launch(q, k, v, o, lse, sm_scale, variant, len(cu_seqlens_q) - 1, int(max_seqlen_q),
-            int(max_seqlen_k), strides, (cu_seqlens_q, cu_seqlens_k))
+            int(max_seqlen_k), strides, (cu_seqlens_q, cu_seqlens_k), block_table)
     return o, lse

@@ -48,7 +48,14 @@ from course_lib.kernels.flash_variants_hopper import MEASURED_HEAD_DIMS, forward
 from course_lib.masks import NO_WINDOW, Variant, check_variants
 from course_lib.ops.impl import IMPLS, best_impl, check_impl  # noqa: F401 (IMPLS re-exported)
 from course_lib.ops.library import operator
-from course_lib.validate import check_attention_inputs, check_sm_scale, check_tensor, check_varlen
+from course_lib.validate import (
+    check_attention_inputs,
+    check_block_table,
+    check_int_tensor,
+    check_sm_scale,
+    check_tensor,
+    check_varlen,
+)
 
 _FORWARDS = {"portable": forward_portable, "hopper": forward_hopper}  # impl -> its launcher
 
@@ -262,7 +269,8 @@ def check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
 
 def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                       causal=False, sm_scale=None, *, window_size=NO_WINDOW, softcap=0.0,
-                      alibi_slopes=None, sinks=None, return_lse=False, validate=None):
+                      alibi_slopes=None, sinks=None, return_lse=False, validate=None,
+                      block_table=None):
     """Attention over packed sequences of different lengths (FlashAttention's
     ``flash_attn_varlen_func``), forward and backward.
 
@@ -272,13 +280,71 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     own; ``max_seqlen_*`` the longest (the grid covers it). The variants as in ``flash_attn_v2``.
     Returns O (total_q, H, D) in q's dtype, and with ``return_lse`` the lse (H, total_q) fp32.
     ``validate`` (None: on the CPU only) checks the offsets' values (a read-back on a GPU).
+
+    ``block_table`` (B, max_blocks) int32, as FlashAttention's: k and v are a paged cache
+    (num_blocks, page_size, H_kv, D) (lesson 13's layout), and sequence b's keys are its first
+    ``cu_seqlens_k[b + 1] − cu_seqlens_k[b]`` keys, key n in page ``block_table[b, n //
+    page_size]`` at slot ``n % page_size`` (the offsets give lengths only). A serving engine's
+    mixed step runs this way (lesson 16): prefill chunks and decode tokens in one call, each
+    against its sequence's whole cache. Forward only: no gradient flows through a paged cache.
     """
+    if block_table is not None:
+        return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             causal, sm_scale, window_size, softcap, alibi_slopes, sinks,
+                             return_lse, validate, block_table)
     D = check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, validate)
     sm_scale = check_sm_scale(sm_scale, D)
     batch = q.transpose(0, 1)[None].expand(cu_seqlens_q.shape[0] - 1, -1, -1, -1)  # (B, H, ..)
     variant = check_variants(batch, causal, window_size, softcap, alibi_slopes, sinks)
     o, lse = _flash_attn_varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
                                     int(max_seqlen_k), sm_scale, *_op_args(variant))
+    return (o, lse) if return_lse else o
+
+
+def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                  sm_scale, window_size, softcap, alibi_slopes, sinks, return_lse, validate,
+                  block_table):
+    """``flash_attn_varlen`` on a paged k and v: the checks, then the operator."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, 3 if name == "q" else 4)
+    if k.shape != v.shape:
+        raise ValueError(
+            f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    num_blocks, page_size = k.shape[0], k.shape[1]
+    for name, t in (("k", k), ("v", v)):
+        if t.stride(-1) != 1 or t.stride(0) != page_size * t.stride(1):
+            raise ValueError(f"{name} must be pages (num_blocks, page_size, H_kv, D) with each "
+                             f"page contiguous in its first two dims, got strides {t.stride()}")
+    if any(t.requires_grad for t in (q, k, v)) and torch.is_grad_enabled():
+        raise NotImplementedError("block_table: attention over a paged cache has no backward")
+    check_attention_inputs(q.transpose(0, 1)[None], k[:1, :1].flatten(0, 1).transpose(0, 1)[None],
+                           v[:1, :1].flatten(0, 1).transpose(0, 1)[None])
+    B = check_varlen(q, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_q)
+    check_int_tensor("block_table", block_table, B, q.device, ndim=2,
+                     shape=f"({B}, max_blocks) (one row per sequence)")
+    if block_table.dtype != torch.int32:
+        raise TypeError(f"block_table must be int32, got {block_table.dtype}")
+    if isinstance(max_seqlen_k, bool) or not isinstance(max_seqlen_k, int) or max_seqlen_k < 0:
+        raise TypeError(f"max_seqlen_k must be a non-negative int, got {max_seqlen_k!r}")
+    if (DEVICE == "cpu" if validate is None else bool(validate)) and \
+            not torch.compiler.is_compiling():
+        check_varlen(q, q, cu_seqlens_q, cu_seqlens_q, max_seqlen_q, max_seqlen_q, True)
+        lens_k = cu_seqlens_k.diff()
+        lo, hi, capacity = int(lens_k.min()), int(lens_k.max()), block_table.shape[1] * page_size
+        if lo < 0 or hi > capacity:
+            raise ValueError(f"cu_seqlens_k gives key counts in [{lo}, {hi}], but they must lie "
+                             f"in [0, {capacity}] (block_table's {block_table.shape[1]} blocks "
+                             f"× page size {page_size})")
+        if hi > max_seqlen_k:
+            raise ValueError(f"max_seqlen_k = {max_seqlen_k} is shorter than a sequence of "
+                             f"{hi} keys")
+        check_block_table(block_table, lens_k, num_blocks, page_size, capacity)
+    sm_scale = check_sm_scale(sm_scale, q.shape[-1])
+    batch = q.transpose(0, 1)[None].expand(B, -1, -1, -1)  # (B, H, total_q, D)
+    variant = check_variants(batch, causal, window_size, softcap, alibi_slopes, sinks)
+    o, lse = _flash_attn_varlen_paged_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table,
+                                          int(max_seqlen_q), int(max_seqlen_k), sm_scale,
+                                          *_op_args(variant))
     return (o, lse) if return_lse else o
 
 
@@ -358,6 +424,18 @@ def _flash_attn_varlen_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     variant = Variant((window_left, window_right), softcap, alibi_slopes, sinks)
     return forward_variants_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                    max_seqlen_k, sm_scale, variant)
+
+
+@operator(lambda q, *_: (q.new_empty(q.shape),
+                         q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)))
+def _flash_attn_varlen_paged_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+                                 cu_seqlens_k: Tensor, block_table: Tensor, max_seqlen_q: int,
+                                 max_seqlen_k: int, sm_scale: float, window_left: int,
+                                 window_right: int, softcap: float, alibi_slopes: Tensor | None,
+                                 sinks: Tensor | None) -> tuple[Tensor, Tensor]:
+    variant = Variant((window_left, window_right), softcap, alibi_slopes, sinks)
+    return forward_variants_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                   max_seqlen_k, sm_scale, variant, block_table=block_table)
 
 
 @operator(_grads_fake)

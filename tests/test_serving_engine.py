@@ -168,6 +168,24 @@ def test_arrivals_and_running_limit():
     assert first_step[early[2].request_id] == early[0].finish_step + 1
 
 
+def test_static_batching_admits_only_between_batches():
+    """The baseline: a batch is formed (its prefills), then nothing joins until it is done."""
+    s = Scheduler(num_blocks=64, block_size=4, max_tokens_per_step=64, max_running=2,
+                  static=True)
+    short, long_ = s.add_request([1, 2, 3], 1), s.add_request([4, 5, 6], 6)
+    late = s.add_request([7, 8], 2, arrival_step=1)
+    assert run_fake(s, check_batch) == expected(s)
+    joined = {rid: min(h.step for h in s.history if rid in [c[0] for c in h.chunks])
+              for rid in s.requests}
+    assert short.finish_step < long_.finish_step
+    assert joined[late.request_id] == long_.finish_step + 1  # not at short's free slot
+    continuous = Scheduler(num_blocks=64, block_size=4, max_tokens_per_step=64, max_running=2)
+    for r in (short, long_, late):
+        continuous.add_request(r.prompt, r.max_new_tokens, r.arrival_step)
+    run_fake(continuous)
+    assert len(continuous.history) < len(s.history)
+
+
 def test_prefix_blocks_are_shared_and_count_as_computed():
     s = Scheduler(num_blocks=32, block_size=4, max_tokens_per_step=64)
     a = s.add_request(list(range(10)), max_new_tokens=4)

@@ -120,7 +120,8 @@ AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention_forward)
 
 
 class Engine:
-    """Continuous batching with chunked prefill and prefix caching over a paged cache, greedy.
+    """Continuous batching with chunked prefill and prefix caching over a paged cache, greedy
+    (``static=True``: static batching instead, the baseline; ``Scheduler``).
 
     ``model``: a transformers causal LM whose layers take ``AttentionInterface`` functions
     (LLaMA, Mistral, Gemma 2, ...). The engine switches its attention to
@@ -130,9 +131,9 @@ class Engine:
 
     def __init__(self, model, num_blocks: int, block_size: int = 16,
                  max_tokens_per_step: int = 64, max_running: int = 8,
-                 prefix_caching: bool = True):
+                 prefix_caching: bool = True, static: bool = False):
         self.scheduler = Scheduler(num_blocks, block_size, max_tokens_per_step, max_running,
-                                   prefix_caching)
+                                   prefix_caching, static)
         config = model.config
         H_kv = config.num_key_value_heads
         D = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -272,7 +272,7 @@ class Scheduler:
     """
 
     def __init__(self, num_blocks: int, block_size: int = 16, max_tokens_per_step: int = 64,
-                 max_running: int = 8, prefix_caching: bool = True):
+                 max_running: int = 8, prefix_caching: bool = True, static: bool = False):
         for name, value in (("block_size", block_size), ("max_tokens_per_step",
                             max_tokens_per_step), ("max_running", max_running)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -282,6 +282,7 @@ class Scheduler:
         self.max_tokens_per_step = max_tokens_per_step
         self.max_running = max_running
         self.cache = PrefixCache(self.allocator) if prefix_caching else None
+        self.static = bool(static)  # static batching, the baseline: see ``_admitting``
         self.requests: dict = {}
         self.pending: list[Request] = []  # not arrived yet, by arrival step
         self.waiting: list[Request] = []  # arrived, first come first served; preempted: in front
@@ -444,7 +445,7 @@ class Scheduler:
                 add(request, n)
                 budget -= n
         # new requests, unless this step preempted one (it would be admitted back at once)
-        while (budget and not batch.preempted and self.waiting
+        while (budget and not batch.preempted and self.waiting and self._admitting()
                and len(self.running) < self.max_running):
             n = self._admit(self.waiting[0], budget)
             if n == 0:  # its blocks are not free: it stays first in line
@@ -454,6 +455,13 @@ class Scheduler:
         self._record(batch)
         self.step_index += 1
         return batch
+
+    def _admitting(self) -> bool:
+        """Whether new requests may join. Continuous batching: at every step. Static batching
+        (``static=True``, the baseline Orca replaced): only while the batch is being formed,
+        before any of its requests has a token; then not until every one of them is done, so
+        the slots of requests that finish early stay empty."""
+        return not self.static or all(not r.output for r in self.running)
 
     def update(self, batch: Batch, next_tokens) -> None:
         """Take the step's sampled tokens, one per chunk that ``samples`` (in batch order):

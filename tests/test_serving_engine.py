@@ -184,6 +184,15 @@ def test_static_batching_admits_only_between_batches():
         continuous.add_request(r.prompt, r.max_new_tokens, r.arrival_step)
     run_fake(continuous)
     assert len(continuous.history) < len(s.history)
+    # a token budget smaller than the batch's prompts: the batch still fills, over steps
+    s = Scheduler(num_blocks=64, block_size=4, max_tokens_per_step=4, max_running=3,
+                  static=True)
+    reqs = [s.add_request([i + 1] * 5, 3 + i) for i in range(4)]
+    assert run_fake(s, check_batch) == expected(s)
+    joined = {rid: min(h.step for h in s.history if rid in [c[0] for c in h.chunks])
+              for rid in s.requests}
+    assert max(joined[r.request_id] for r in reqs[:3]) <= 4  # the batch of three
+    assert joined[reqs[3].request_id] == max(r.finish_step for r in reqs[:3]) + 1
 
 
 def test_prefix_blocks_are_shared_and_count_as_computed():

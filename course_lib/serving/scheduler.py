@@ -283,6 +283,7 @@ class Scheduler:
         self.max_running = max_running
         self.cache = PrefixCache(self.allocator) if prefix_caching else None
         self.static = bool(static)  # static batching, the baseline: see ``_admitting``
+        self.static_batch: set = set()  # with ``static``: the ids of the batch being served
         self.requests: dict = {}
         self.pending: list[Request] = []  # not arrived yet, by arrival step
         self.waiting: list[Request] = []  # arrived, first come first served; preempted: in front
@@ -428,6 +429,9 @@ class Scheduler:
         budget = self.max_tokens_per_step
         while self.pending and self.pending[0].arrival_step <= self.step_index:
             self.waiting.append(self.pending.pop(0))  # arrived: in line
+        if self.static and not self.running and not self._batch_waiting():
+            # static batching: the next batch is the first max_running requests in line
+            self.static_batch = {r.request_id for r in self.waiting[:self.max_running]}
 
         def add(request: Request, n: int) -> None:
             start = request.num_computed
@@ -445,8 +449,8 @@ class Scheduler:
                 add(request, n)
                 budget -= n
         # new requests, unless this step preempted one (it would be admitted back at once)
-        while (budget and not batch.preempted and self.waiting and self._admitting()
-               and len(self.running) < self.max_running):
+        while (budget and not batch.preempted and self.waiting
+               and self._admitting(self.waiting[0]) and len(self.running) < self.max_running):
             n = self._admit(self.waiting[0], budget)
             if n == 0:  # its blocks are not free: it stays first in line
                 break
@@ -456,12 +460,18 @@ class Scheduler:
         self.step_index += 1
         return batch
 
-    def _admitting(self) -> bool:
-        """Whether new requests may join. Continuous batching: at every step. Static batching
-        (``static=True``, the baseline Orca replaced): only while the batch is being formed,
-        before any of its requests has a token; then not until every one of them is done, so
-        the slots of requests that finish early stay empty."""
-        return not self.static or all(not r.output for r in self.running)
+    def _admitting(self, request: Request) -> bool:
+        """Whether ``request`` may join now. Continuous batching: at any step. Static batching
+        (``static=True``, the baseline Orca replaced): only as a member of the batch formed
+        when the last one was done (its prefills may take several steps of the token budget);
+        nobody else joins until every member is done, so the slots of the requests that
+        finish early stay empty."""
+        return not self.static or request.request_id in self.static_batch
+
+    def _batch_waiting(self) -> bool:
+        """Whether a member of the static batch is still in line (not yet admitted, or
+        preempted)."""
+        return any(r.request_id in self.static_batch for r in self.waiting)
 
     def update(self, batch: Batch, next_tokens) -> None:
         """Take the step's sampled tokens, one per chunk that ``samples`` (in batch order):

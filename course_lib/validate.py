@@ -16,25 +16,34 @@ GPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 HEAD_DIMS = tuple(range(16, 257, 8))
 # The teaching kernels of lessons 03 to 07 keep to powers of two (tl.arange's own rule).
 POW2_HEAD_DIMS = (16, 32, 64, 128, 256)
+# An 8-bit KV cache (``course_lib.kvquant``): the decode kernels take it with per-token scales.
+KV_QUANT_DTYPES = (torch.int8, torch.float8_e4m3fn)
 
 
-def check_tensor(name: str, t, ndim: int) -> None:
+def check_tensor(name: str, t, ndim: int, dtypes: tuple = GPU_DTYPES) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.ndim != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
-    if t.dtype not in GPU_DTYPES:
-        raise TypeError(f"{name} has dtype {t.dtype}; use float16, bfloat16 or float32")
+    if t.dtype not in dtypes:
+        use = ("float16, bfloat16 or float32" if dtypes == GPU_DTYPES
+               else " or ".join(str(d).removeprefix("torch.") for d in dtypes))
+        raise TypeError(f"{name} has dtype {t.dtype}; use {use}")
     if not (t.is_cuda if DEVICE == "cuda" else t.is_cpu):  # (t.device.type costs ~5x more)
         raise ValueError(f"{name} is on {t.device}, but the course's kernels run on "
                          f"{DEVICE!r} (see course_lib.describe())")
 
 
-def check_attention_inputs(q, k, v, head_dims=HEAD_DIMS):
-    """Validate q (B, H, N_q, D), k and v (B, H_kv, N_k, D); return (B, H, H_kv, N_q, N_k, D)."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t, 4)
-    if not (q.dtype == k.dtype == v.dtype):
+def check_attention_inputs(q, k, v, head_dims=HEAD_DIMS, quantized_kv: bool = False):
+    """Validate q (B, H, N_q, D), k and v (B, H_kv, N_k, D); return (B, H, H_kv, N_q, N_k, D).
+    ``quantized_kv``: k and v are an 8-bit cache (one of ``KV_QUANT_DTYPES``, the same for both;
+    their scales are checked by ``check_kv_scale``), q any of ``GPU_DTYPES``."""
+    check_tensor("q", q, 4)
+    for name, t in (("k", k), ("v", v)):
+        check_tensor(name, t, 4, KV_QUANT_DTYPES if quantized_kv else GPU_DTYPES)
+    if quantized_kv and k.dtype != v.dtype:
+        raise TypeError(f"k and v must share one dtype, got {k.dtype} and {v.dtype}")
+    if not quantized_kv and not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.get_device() == k.get_device() == v.get_device()):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
@@ -68,6 +77,31 @@ def check_sm_scale(sm_scale, D: int) -> float:
     if not (sm_scale > 0 and sm_scale < float("inf")):
         raise ValueError(f"sm_scale must be positive and finite, got {sm_scale}")
     return sm_scale
+
+
+def check_kv_scale(name: str, scale, cache_name: str, cache) -> None:
+    """TypeError or ValueError naming ``name`` unless ``scale`` is what an 8-bit ``cache`` needs:
+    fp32, the cache's shape without its last dim (one scale per token and head), on its device;
+    and unless the cache is 8-bit where a scale is given at all."""
+    quantized = cache.dtype in KV_QUANT_DTYPES
+    if scale is None:
+        if quantized:
+            raise ValueError(f"{name} is required with a {cache.dtype} {cache_name}: one fp32 "
+                             f"scale per token and head, shape {tuple(cache.shape[:-1])} "
+                             "(course_lib.kvquant.quantize_kv)")
+        return
+    if not quantized:
+        raise ValueError(f"{name} is for an int8 or float8_e4m3fn {cache_name}, but "
+                         f"{cache_name} is {cache.dtype}: leave {name} None")
+    if not isinstance(scale, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of float32, got {type(scale).__name__}")
+    if scale.dtype != torch.float32:
+        raise TypeError(f"{name} must be float32, got {scale.dtype}")
+    if scale.shape != cache.shape[:-1]:
+        raise ValueError(f"{name} must have shape {tuple(cache.shape[:-1])} ({cache_name}'s "
+                         f"without its last dim), got {tuple(scale.shape)}")
+    if scale.device != cache.device:
+        raise ValueError(f"{name} is on {scale.device} but {cache_name} is on {cache.device}")
 
 
 def check_int_tensor(name: str, t, length: int, device, ndim: int = 1, shape: str = "") -> None:

@@ -690,13 +690,14 @@ def test_tiles_follow_the_gpus_bandwidth(monkeypatch):
     from types import SimpleNamespace
 
     from course_lib.hardware import dram_bandwidth
+    from course_lib.kernels import decode_plan
 
     h100 = SimpleNamespace(memory_clock_rate=2619000, memory_bus_width=5120)
     h200 = SimpleNamespace(memory_clock_rate=3201000, memory_bus_width=6016)
     assert round(dram_bandwidth(h100) / 1e12, 2) == 3.35
     assert round(dram_bandwidth(h200) / 1e12, 2) == 4.81
     assert dram_bandwidth(SimpleNamespace()) is None
-    monkeypatch.setattr(dec, "INTERPRET", False)  # the GPU's rule, evaluated on any machine
+    monkeypatch.setattr(decode_plan, "INTERPRET", False)  # the GPU's rule, on any machine
     for (B, N), want in {(1, 131072): (64, 128), (8, 131072): (64, 128), (8, 4096): (64, 128),
                          (1, 4096): (64, 64), (64, 2048): (64, 64)}.items():
         got = tuple(dec.pick_config(128, B, 8, N, sm_count=132,

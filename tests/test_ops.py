@@ -98,6 +98,32 @@ def test_opcheck_decode_ops():
                           (q, k_pages, v_pages, table, lens, 0, 0.25))
 
 
+@pytest.mark.parametrize("fmt", [torch.int8, torch.float8_e4m3fn], ids=["int8", "e4m3"])
+def test_opcheck_decode_ops_over_a_quantized_cache(fmt):
+    """The scales are the operators' last two arguments (None by default): an 8-bit cache,
+    contiguous and paged (its scales paged with it), with one split and two. (opcheck's schema
+    test compares every input before and after with torch.allclose, which torch implements for
+    float8 on neither the CPU nor CUDA: e4m3 runs the other three tests, the schema being
+    int8's.)"""
+    from course_lib.kvquant import quantize_kv
+
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor",
+             "test_aot_dispatch_dynamic")
+    if fmt == torch.float8_e4m3fn:
+        utils = utils[1:]
+    q, k, v, lens = _decode_inputs()
+    (k_q, k_scale), (v_q, v_scale) = quantize_kv(k, fmt), quantize_kv(v, fmt)
+    for splits in (0, 2):
+        torch.library.opcheck(torch.ops.course.flash_decode.default,
+                              (q, k_q, v_q, lens, splits, 0.25),
+                              dict(k_scale=k_scale, v_scale=v_scale), test_utils=utils)
+    k_pages, v_pages, table = _pages(k, v)
+    (kp_q, kp_scale), (vp_q, vp_scale) = quantize_kv(k_pages, fmt), quantize_kv(v_pages, fmt)
+    torch.library.opcheck(torch.ops.course.paged_decode.default,
+                          (q, kp_q, vp_q, table, lens, 0, 0.25, -1, 0.0, None, None, kp_scale,
+                           vp_scale), test_utils=utils)
+
+
 # ---------------------------------------------------------------------------------------------
 # torch.compile(fullgraph=True) matches eager
 # ---------------------------------------------------------------------------------------------
@@ -135,6 +161,28 @@ def test_compiled_decode_matches_eager():
     compiled = torch.compile(step, fullgraph=True, backend=BACKEND)
     got = compiled(q, k, v, lens, k_pages, v_pages, table)
     want = step(q, k, v, lens, k_pages, v_pages, table)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_compiled_decode_over_a_quantized_cache_matches_eager():
+    """An int8 cache with its scales through torch.compile: the operators take the scales as
+    their last arguments, and the graph runs the eager call's kernel."""
+    from course_lib.kvquant import quantize_kv
+
+    torch._dynamo.reset()
+    q, k, v, lens = _decode_inputs()
+    (k_q, k_scale), (v_q, v_scale) = quantize_kv(k, torch.int8), quantize_kv(v, torch.int8)
+    k_pages, v_pages, table = _pages(k, v)
+    (kp_q, kp_scale), (vp_q, vp_scale) = (quantize_kv(t, torch.int8) for t in (k_pages, v_pages))
+
+    def step(q, lens, table):
+        a = ops.flash_decode(q, k_q, v_q, lens, k_scale=k_scale, v_scale=v_scale)
+        b = ops.paged_decode(q, kp_q, vp_q, table, lens, k_scale=kp_scale, v_scale=vp_scale)
+        return a, b
+
+    got = torch.compile(step, fullgraph=True, backend=BACKEND)(q, lens, table)
+    want = step(q, lens, table)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
 

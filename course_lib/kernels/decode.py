@@ -27,11 +27,19 @@ window (left, 0): the splits cut only the band [lo, L_b), so a sliding-window st
 left + N_q keys, not L_b.
 
 ``PAGED=True``: row ``n`` of K/V lives at ``k_pages[block_table[b, n // block_size], n %
-block_size, g]`` (PagedAttention: Kwon et al. 2023, §4.1). ``make_plan`` decides the split count,
-config and buffers once per batch shape and ``run_plan`` only launches (FlashInfer's ``plan()``
-and ``run()``), so a step can be captured in a CUDA graph. The kernel clamps lengths and block
-ids: a wrong value gives a wrong answer, never a read outside the cache. The validated functions
-are ``course_lib.ops.flash_decode`` and ``paged_decode``.
+block_size, g]`` (PagedAttention: Kwon et al. 2023, §4.1). ``make_plan`` (``decode_plan.py``,
+whose names this module re-exports) decides the split count, config and buffers once per batch
+shape and ``run_plan`` only launches (FlashInfer's ``plan()`` and ``run()``), so a step can be
+captured in a CUDA graph. The kernel clamps lengths and block ids: a wrong value gives a wrong
+answer, never a read outside the cache. The validated functions are
+``course_lib.ops.flash_decode`` and ``paged_decode``.
+
+``KV_SCALED=True``: an 8-bit cache (int8 or e4m3, ``course_lib.kvquant``) with one fp32 scale
+per token and head, ``K_SCALE``/``V_SCALE`` laid out like the cache without D. Both formats'
+values are exact in fp16 and bf16, so a tile is converted to q's dtype as loaded and the scales
+act outside the products: S = (q · k̂ᵀ) · k_scale[None, :] and P · V = (P · v_scale[None, :]) · v̂.
+Half the bytes of an fp16 cache, plus 8 bytes per token and head; the quantized path is not yet
+measured on a GPU.
 
 Speed on an NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-11-29 (N_q 1, H 32, H_kv 8, D 128,
 fp16, ``do_bench`` median; data/decode_merge.json, "smoke"), µs, ours (SDPA cuDNN in the same run)
@@ -43,16 +51,11 @@ torch 2.11.0+cu130, triton 3.6.0, 2026-11-24 (decode.json): paged_decode / flash
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
-from course_lib._device import INTERPRET
 from course_lib._launch import bind as launch
-from course_lib.hardware import bandwidth_per_sm
-from course_lib.hardware import sm_count as _sm_count
 from course_lib.kernels.attention_common import LN2, LOG2E, _tile_mask, cdiv, next_pow2
 from course_lib.kernels.band import (
     _band_bounds,
@@ -64,34 +67,31 @@ from course_lib.kernels.band import (
     variant_args,
 )
 from course_lib.kernels.decode_merge import _decode_merge_kernel, _merge_rows
+from course_lib.kernels.decode_plan import (  # the plan (split count, config, buffers): here too
+    DECODE_CONFIGS,
+    INTERLEAVE_MIN_SPLITS,
+    INTERLEAVE_MIN_TILES,
+    INTERPRET_CONFIG,
+    INTERPRET_MAX_SPLITS,
+    LOADED_LATENCY_S,
+    MAX_SPLITS,
+    MERGES,
+    MIN_TILES_PER_SPLIT,
+    PROGRAMS_PER_SM,
+    TWO_STAGE_PROGRAMS_PER_SM,
+    SplitPlan,
+    _split_range,
+    bytes_in_flight,
+    capturing,
+    choose_num_splits,
+    make_plan,
+    pick_config,
+    split_bounds,
+)
 from course_lib.masks import Variant
 
-MAX_SPLITS = 256
-PROGRAMS_PER_SM = 1  # the split count's aim: one wave of one program per SM (choose_num_splits)
-TWO_STAGE_PROGRAMS_PER_SM = 2  # past this many unsplit programs per SM, two stages (pick_config)
-MIN_TILES_PER_SPLIT = 2
-# Loads' latency with the memory busy, for Little's law (pick_config): on the H100, 64 KiB in
-# flight per SM streamed as fast as more, at 25.4 GB/s per SM: 64 KiB / 25.4 GB/s = 2.6 µs
-# (course_lib/data/perf_notes.md, "Decode tiles chosen by the GPU's own bandwidth").
-LOADED_LATENCY_S = 2.5e-6
-# From this many splits of a cache of this many tiles on, the splits take the tiles round-robin:
-# faster at every shape measured of 256 tiles or more, slower or even at 64-128 (decode_splits).
-INTERLEAVE_MIN_SPLITS, INTERLEAVE_MIN_TILES = 2, 256
-
-# (BLOCK_N, num_warps, num_stages) by head dim, for the GPU. A tile of K plus one of V is
-# 2·BLOCK_N·D·2 bytes in fp16 (32 KiB for 64 × 128); a program buffers num_stages of them,
-# num_stages − 1 in flight ahead of the one it computes on (``bytes_in_flight``). A head
-# dim that is not a power of two uses the row of the power of two its tiles are padded to.
-DECODE_CONFIGS = {d: dict(BLOCK_N=128, num_warps=4, num_stages=3) for d in (16, 32, 64)}
-DECODE_CONFIGS[128] = dict(BLOCK_N=64, num_warps=4, num_stages=3)  # pick_config refines it
-DECODE_CONFIGS[256] = dict(BLOCK_N=32, num_warps=4, num_stages=3)
-INTERPRET_CONFIG = dict(BLOCK_N=16, num_warps=4, num_stages=1)
-# The merge: by the last split of a group of rows ("fused") or a second kernel ("kernel"). "auto"
-# fuses, but in a plan made in a CUDA-graph capture (zeroing the counters would add a node).
-MERGES = ("fused", "kernel")
 MERGE_CHUNK = 16  # splits merged per step of the merge loop
 MERGE_ROWS = tl.constexpr(4)  # rows merged side by side (``_merge_rows``): their loads go together
-INTERPRET_MAX_SPLITS = 4  # the interpreter runs programs one after another: keep it small
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,6 +104,8 @@ def _decode_split_kernel(
     stride_kb, stride_kh, stride_kn,  # contiguous: (B, H_kv, N) strides; paged: (block, head, slot)
     stride_vb, stride_vh, stride_vn, N_MAX,
     VARIANT,  # the call's variants (``band.variant_args``; right = 0: the decode is causal)
+    K_SCALE, V_SCALE, stride_ksb, stride_ksh, stride_ksn,  # an 8-bit cache's scales (KV_SCALED),
+    stride_vsb, stride_vsh, stride_vsn,  # strides as the cache's; then 23 are taken anew
     O_PART, LSE_PART, ARRIVED, stride_qb, stride_qh, stride_qm,
     stride_btb,
     stride_ob, stride_oh, stride_om,
@@ -113,7 +115,7 @@ def _decode_split_kernel(
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQLENS: tl.constexpr,
     IEEE_DOT: tl.constexpr, FUSED_MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
     CHUNK: tl.constexpr, INTERLEAVED: tl.constexpr, WINDOW: tl.constexpr = False,
-    HAS_SINKS: tl.constexpr = False,
+    HAS_SINKS: tl.constexpr = False, KV_SCALED: tl.constexpr = False,
 ):
     split = tl.program_id(0)
     bg = tl.program_id(1)  # b * H_kv + g
@@ -133,12 +135,9 @@ def _decode_split_kernel(
         lo = 0
     if INTERLEAVED:  # tiles dealt round-robin: split s owns tiles s, s + S, s + 2S, ...
         step: tl.constexpr = NUM_SPLITS * BLOCK_N
-        start, end = lo + split * BLOCK_N, seqlen
     else:  # split s owns a run of whole BLOCK_N tiles [s·T, (s+1)·T) of this sequence's keys
         step: tl.constexpr = BLOCK_N
-        tiles_per_split = tl.cdiv(tl.cdiv(seqlen - lo, BLOCK_N), NUM_SPLITS)
-        start = lo + split * tiles_per_split * BLOCK_N
-        end = tl.minimum(start + tiles_per_split * BLOCK_N, seqlen)
+    start, end = _split_range(split, lo, seqlen, NUM_SPLITS, BLOCK_N, INTERLEAVED)
 
     # Rows of this program: r = head_in_group · N_Q + query_index (G·N_Q rows per kv head).
     offs_r = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
@@ -174,10 +173,13 @@ def _decode_split_kernel(
     if PAGED:
         k_base = K + g * stride_kh
         v_base = V + g * stride_vh
+        ks_base, vs_base = K_SCALE + g * stride_ksh, V_SCALE + g * stride_vsh
         bt_base = BLOCK_TABLE + b.to(tl.int64) * stride_btb
     else:
         k_base = K + b.to(tl.int64) * stride_kb + g * stride_kh
         v_base = V + b.to(tl.int64) * stride_vb + g * stride_vh
+        ks_base = K_SCALE + b.to(tl.int64) * stride_ksb + g * stride_ksh
+        vs_base = V_SCALE + b.to(tl.int64) * stride_vsb + g * stride_vsh
 
     for start_n in range(start, end, step):
         offs_n = start_n + tl.arange(0, BLOCK_N)  # (BLOCK_N,) logical key positions
@@ -197,8 +199,20 @@ def _decode_split_kernel(
         kv_mask = _tile_mask(n_ok[:, None], d_ok, PAD_D)
         k = tl.load(k_base + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_base + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if KV_SCALED:  # 8-bit values are exact in q's dtype; each key's scale, outside the dots
+            if PAGED:  # the same (block, slot) as the token's K and V
+                ks_rows = block * stride_ksb + slot * stride_ksn  # (BLOCK_N,)
+                vs_rows = block * stride_vsb + slot * stride_vsn
+            else:
+                ks_rows = offs_n.to(tl.int64) * stride_ksn
+                vs_rows = offs_n.to(tl.int64) * stride_vsn
+            k_scale = tl.load(ks_base + ks_rows, mask=n_ok, other=0.0)  # (BLOCK_N,)
+            v_scale = tl.load(vs_base + vs_rows, mask=n_ok, other=0.0)
+            k, v = k.to(q.dtype), v.to(q.dtype)
 
         s = tl.dot(q, tl.trans(k), input_precision="ieee" if IEEE_DOT else None)
+        if KV_SCALED:
+            s = s * k_scale[None, :]  # q · (k̂ · k_scale) per key
         s = _variant_scores(s, last_key, offs_n, sm_scale, VARIANT, head_values)[0]  # the cap
         # and the ALiBi bias, if any (in q·k's units)
         s = s * qk_scale  # (BLOCK_M, BLOCK_N), base-2 logits
@@ -212,6 +226,8 @@ def _decode_split_kernel(
         alpha = tl.math.exp2(m_i - m_safe)
         p = tl.math.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
+        if KV_SCALED:
+            p = p * v_scale[None, :]  # Σ_n p_n · v_scale_n · v̂_n: the scale rides on P's column
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v,
                                             input_precision="ieee" if IEEE_DOT else None)
         m_i = m_new
@@ -252,162 +268,12 @@ def _decode_split_kernel(
                                 NUM_SPLITS, BLOCK_S, HEAD_DIM, CHUNK, HAS_SINKS)
 
 
-# ---------------------------------------------------------------------------------------------
-# planning the launch
-# ---------------------------------------------------------------------------------------------
-
-def bytes_in_flight(config: dict, head_dim: int, programs_per_sm: int = 1) -> int:
-    """K and V bytes (2 each) an SM has asked for ahead: ``num_stages - 1`` tiles per program."""
-    return programs_per_sm * (config["num_stages"] - 1) * 2 * config["BLOCK_N"] * head_dim * 2
-
-
-def pick_config(head_dim: int, batch: int | None = None, kv_heads: int = 1,
-                n_keys: int = 0, m_tiles: int = 1, sm_count: int | None = None,
-                bandwidth_per_sm_: float | None = None) -> dict:
-    """(BLOCK_N, num_warps, num_stages) for ``head_dim``: that of the power of two the kernels
-    pad it to. For D 128 and a given work (``batch`` ...): one split per sequence and over
-    ``TWO_STAGE_PROGRAMS_PER_SM`` programs per SM, 64-key tiles in two stages (more programs
-    resident); splits of at most two 64-key tiles, 128-key tiles; else three stages of 64-key
-    tiles, unless they put fewer bytes in flight than Little's law asks of this GPU (bandwidth
-    per SM × ``LOADED_LATENCY_S``; ``bandwidth_per_sm_`` overrides the device's) and the split
-    is long enough to fill the pipeline (six 128-key tiles): then 128-key tiles. An H100 gets
-    64-key tiles, an H200 (1.44× the bandwidth) 128 (data/decode_tiles_h200.json)."""
-    if INTERPRET:
-        return dict(INTERPRET_CONFIG)
-    if next_pow2(head_dim) != 128 or batch is None:
-        return dict(DECODE_CONFIGS[next_pow2(head_dim)])
-    sms = sm_count if sm_count is not None else _sm_count(INTERPRET)
-    splits = choose_num_splits(batch, kv_heads, n_keys, 64, sm_count=sms, m_tiles=m_tiles)
-    programs = batch * kv_heads * m_tiles
-    if splits == 1 and programs > TWO_STAGE_PROGRAMS_PER_SM * sms:
-        return dict(BLOCK_N=64, num_warps=4, num_stages=2)
-    small, large = (dict(BLOCK_N=64, num_warps=4, num_stages=3),
-                    dict(BLOCK_N=128, num_warps=4, num_stages=3))
-    if cdiv(n_keys, 64 * splits) <= 2:
-        return large
-    bandwidth = bandwidth_per_sm(INTERPRET) if bandwidth_per_sm_ is None else bandwidth_per_sm_
-    per_sm = cdiv(programs * splits, sms)
-    long_splits = cdiv(n_keys, large["BLOCK_N"] * splits) >= 2 * large["num_stages"]
-    if (bandwidth and long_splits
-            and bytes_in_flight(small, head_dim, per_sm) < bandwidth * LOADED_LATENCY_S):
-        return large  # Little's law: 64-key tiles keep too few bytes in flight for this GPU
-    return small
-
-
-def choose_num_splits(batch: int, kv_heads: int, n_keys: int, block_n: int,
-                      sm_count: int | None = None, m_tiles: int = 1,
-                      max_splits: int = MAX_SPLITS) -> int:
-    """How many splits of the keys: the largest power of two that keeps the programs at or under
-    ``PROGRAMS_PER_SM`` per SM, never tinier than MIN_TILES_PER_SPLIT tiles of ``block_n`` keys,
-    at most ``max_splits``.
-
-    Rounding *down* keeps the grid inside one wave of programs: a grid just over one wave, or
-    aimed at two or four programs per SM, was slower (data/decode_splits.json, perf_notes.md).
-
-    >>> [choose_num_splits(b, 8, n, 64, sm_count=132) for b, n in ((1, 131072), (8, 131072))]
-    [16, 2]
-    """
-    sms = sm_count if sm_count is not None else _sm_count(INTERPRET)
-    programs = batch * kv_heads * m_tiles
-    wanted = 1 << max(0, (PROGRAMS_PER_SM * sms // programs).bit_length() - 1)
-    most = max(1, cdiv(n_keys, MIN_TILES_PER_SPLIT * block_n))
-    return int(max(1, min(wanted, most, max_splits)))
-
-
-def split_bounds(seqlen: int, num_splits: int, block_n: int) -> list[tuple[int, int]]:
-    """Each split's key range [start, end): ``num_splits`` runs of ⌈⌈L/BLOCK_N⌉/num_splits⌉ whole
-    tiles, the last may be empty; the kernel's cut unless the plan deals the tiles (``make_plan``).
-
-    >>> split_bounds(100, 3, 16)    # 7 tiles: 3 + 3 + 1
-    [(0, 48), (48, 96), (96, 100)]
-    >>> split_bounds(20, 4, 16)     # 2 tiles: splits 2 and 3 get nothing
-    [(0, 16), (16, 20), (32, 20), (48, 20)]
-    """
-    run = cdiv(cdiv(seqlen, block_n), num_splits) * block_n  # keys per split
-    return [(s * run, min((s + 1) * run, seqlen)) for s in range(num_splits)]
-
-
-# ---------------------------------------------------------------------------------------------
-# plan and run: decide once per batch shape, then each decode step only launches
-# ---------------------------------------------------------------------------------------------
-
-@dataclass
-class SplitPlan:
-    """What a decode step needs besides its tensors, decided once per batch shape: split count,
-    launch config and scratch buffers. ``run_plan`` then only launches: no allocation, no read
-    of device memory, so a step can be captured in a CUDA graph."""
-
-    B: int
-    H: int
-    H_kv: int
-    N_q: int
-    D: int
-    n_max: int
-    paged: bool
-    page_size: int
-    num_blocks: int
-    num_splits: int
-    block_m: int
-    m_tiles: int
-    config: dict
-    merge: str
-    o_part: torch.Tensor | None  # None with one split (no scratch)
-    lse_part: torch.Tensor | None
-    arrived: torch.Tensor | None
-    interleaved: bool = False  # tiles dealt to the splits round-robin (``make_plan``)
-    window: tuple = (-1, 0)  # the variants' window (left, 0): ``make_plan``
-
-
-def make_plan(B: int, H: int, H_kv: int, N_q: int, D: int, n_max: int, device, *,
-              num_splits: int | None = None, config: dict | None = None, paged: bool = False,
-              page_size: int = 1, num_blocks: int = 1, sm_count: int | None = None,
-              merge: str = "auto", interleaved: bool | None = None,
-              window: tuple = (-1, 0)) -> SplitPlan:
-    """A ``SplitPlan`` for caches of at most ``n_max`` keys (inputs already validated), with the
-    variants' ``window`` (left, 0): a window bounds the work a sequence's splits share to
-    left + N_q keys, and the split count and config are chosen for that.
-
-    ``merge``: "auto" or one of ``MERGES``, which says what each does and what "auto" picks.
-    ``interleaved``: deal the tiles round-robin (None: from ``INTERLEAVE_MIN_SPLITS`` splits of a
-    cache of ``INTERLEAVE_MIN_TILES`` tiles on)."""
-    if merge not in ("auto", *MERGES):
-        raise ValueError(f"merge must be one of {('auto', *MERGES)}, got {merge!r}")
-    if merge == "auto":  # fused, unless its counters would be zeroed inside a CUDA-graph capture
-        merge = "kernel" if capturing() else "fused"
-    rows = (H // H_kv) * N_q
-    block_m = max(16, min(64, next_pow2(rows)))  # rows per program: >= 16, tl.dot's minimum
-    m_tiles = cdiv(rows, block_m)
-    n_work = n_max if window[0] < 0 else min(n_max, window[0] + N_q)  # keys a sequence reads
-    cfg = (dict(config) if config is not None
-           else pick_config(D, B, H_kv, n_work, m_tiles, sm_count=sm_count))
-    if num_splits is None:
-        num_splits = choose_num_splits(B, H_kv, n_work, cfg["BLOCK_N"], sm_count=sm_count,
-                                       m_tiles=m_tiles,
-                                       max_splits=INTERPRET_MAX_SPLITS if INTERPRET else MAX_SPLITS)
-    plan = SplitPlan(B, H, H_kv, N_q, D, n_max, paged, page_size, num_blocks, num_splits,
-                     block_m, m_tiles, cfg, merge, o_part=None, lse_part=None, arrived=None,
-                     window=tuple(window))
-    plan.interleaved = (num_splits >= INTERLEAVE_MIN_SPLITS
-                        and cdiv(n_work, cfg["BLOCK_N"]) >= INTERLEAVE_MIN_TILES
-                        if interleaved is None else interleaved)
-    if num_splits > 1:  # scratch for the partials (one split writes the answer directly)
-        plan.o_part = torch.empty((B, H, N_q, num_splits, D), device=device, dtype=torch.float32)
-        plan.lse_part = torch.empty((B, H, N_q, num_splits), device=device, dtype=torch.float32)
-        # one arrival counter per (sequence, kv head, row tile), 0 between launches
-        plan.arrived = (torch.zeros(B * H_kv * m_tiles, device=device, dtype=torch.int32)
-                        if merge != "kernel" else torch.empty(1, device=device, dtype=torch.int32))
-    return plan
-
-
-def capturing() -> bool:
-    """Whether the current CUDA stream is being captured into a CUDA graph."""
-    return not INTERPRET and torch._C._cuda_isCurrentStreamCapturing()  # (no Python wrapper)
-
-
 # A bound launch of the split kernel (course_lib._launch.bind) takes its first 15 arguments anew:
 # the addresses of q, k, v, seqlens, block_table, out, lse, the cache's 6 strides, N_MAX and
-# VARIANT, its tensors as addresses (``variant_addresses``).
+# VARIANT, its tensors as addresses (``variant_addresses``); with an 8-bit cache 8 more: the
+# addresses of its scales and their 6 strides (``cache_geometry`` of the scales).
 SPLIT_FREE = 15
+SCALE_FREE = 8
 
 
 def variant_addresses(variant: Variant) -> tuple:
@@ -420,7 +286,8 @@ def variant_addresses(variant: Variant) -> tuple:
 
 
 def cache_geometry(paged: bool, k, v) -> tuple:
-    """The split kernel's stride arguments of k and v: (batch or block, head, key) strides."""
+    """The split kernel's stride arguments of k and v: (batch or block, head, key) strides; of
+    their scales too, laid out as the cache without D."""
     sk, sv = k.stride(), v.stride()
     if paged:  # (num_blocks, block_size, H_kv, D): block, slot, head strides
         return sk[0], sk[2], sk[1], sv[0], sv[2], sv[1]
@@ -428,15 +295,18 @@ def cache_geometry(paged: bool, k, v) -> tuple:
 
 
 def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, out, lse,
-             bind: bool = False, n_max: int | None = None, variant: Variant | None = None):
+             bind: bool = False, n_max: int | None = None, variant: Variant | None = None,
+             kv_scales: tuple | None = None):
     """A decode step into ``out`` (B, H, N_q, D) and ``lse`` (B, H, N_q): one launch (one split,
     or the fused merge) or two (then the merge kernel). ``k``, ``v``: (B, H_kv, N, D), or pages
     (num_blocks, block_size, H_kv, D) with ``block_table``; ``seqlens`` (B,) int32 or None.
     ``bind=True`` returns the launches bound to all but ``SPLIT_FREE`` (or None): call the first
-    as ``launch(*addresses, *cache_geometry(paged, k, v), n_max, variant_addresses(variant)[0])``.
+    as ``launch(*addresses, *cache_geometry(paged, k, v), n_max, variant_addresses(variant)[0])``
+    (with ``kv_scales``, ``SCALE_FREE`` more: their addresses, then ``cache_geometry`` of them).
     ``n_max``: the cache's length where it is shorter than the plan's (a plan serves a range of
     lengths). ``variant``: checked, with the plan's window, its tensors contiguous (None: plain
-    causal attention)."""
+    causal attention). ``kv_scales``: (k_scale, v_scale) fp32 of an 8-bit k, v, shaped as them
+    without D (None: a cache in q's dtype)."""
     variant = variant or Variant(plan.window)
     sinks = variant.sinks
     sq, so = q.stride(), out.stride()
@@ -451,18 +321,20 @@ def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, ou
     o_part, lse_part, arrived = ((lse, lse, lse) if S == 1 else
                                  (plan.o_part, plan.lse_part, plan.arrived))
     n_max = plan.n_max if n_max is None else n_max
-    split = launch(SPLIT_FREE if bind else None, _decode_split_kernel,
+    scaled = kv_scales is not None
+    scales = (*kv_scales, *cache_geometry(plan.paged, *kv_scales)) if scaled else (q, q, *[0] * 6)
+    split = launch(SPLIT_FREE + SCALE_FREE * scaled if bind else None, _decode_split_kernel,
                    (S, B * plan.H_kv, plan.m_tiles),
                    q, k, v, seqlens if has_seqlens else q, block_table if plan.paged else q,
                    out, lse, *cache_geometry(plan.paged, k, v), n_max, variant_args(variant)[0],
-                   o_part, lse_part, arrived, sq[0], sq[1], sq[2],
+                   *scales, o_part, lse_part, arrived, sq[0], sq[1], sq[2],
                    stride_bt, so[0], so[1], so[2], sm_scale * LOG2E.value, H, plan.num_blocks,
                    float(sm_scale), N_Q=N_q, GROUP=H // plan.H_kv, NUM_SPLITS=S, HEAD_DIM=D,
                    BLOCK_M=plan.block_m, BLOCK_N=cfg["BLOCK_N"], PAGED=plan.paged,
                    PAGE_SIZE=plan.page_size, HAS_SEQLENS=has_seqlens,
                    IEEE_DOT=q.dtype == torch.float32, FUSED_MERGE=fused, BLOCK_S=block_s,
                    CHUNK=chunk, INTERLEAVED=plan.interleaved, WINDOW=variant.window[0] >= 0,
-                   HAS_SINKS=sinks is not None, num_warps=cfg["num_warps"],
+                   HAS_SINKS=sinks is not None, KV_SCALED=scaled, num_warps=cfg["num_warps"],
                    num_stages=cfg["num_stages"])
     launches = [split]
     if S > 1 and not fused:
@@ -476,3 +348,13 @@ def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, ou
     if bind:
         return None if any(f is None for f in launches) else launches
     return out, lse
+
+
+__all__ = [  # the kernel's launch, and decode_plan's names, which the lessons import from here
+    "DECODE_CONFIGS", "INTERLEAVE_MIN_SPLITS", "INTERLEAVE_MIN_TILES", "INTERPRET_CONFIG",
+    "INTERPRET_MAX_SPLITS", "LOADED_LATENCY_S", "MAX_SPLITS", "MERGES", "MERGE_CHUNK",
+    "MERGE_ROWS", "MIN_TILES_PER_SPLIT", "PROGRAMS_PER_SM", "SCALE_FREE", "SPLIT_FREE",
+    "TWO_STAGE_PROGRAMS_PER_SM", "SplitPlan", "bytes_in_flight", "cache_geometry", "capturing",
+    "choose_num_splits", "make_plan", "pick_config", "run_plan", "split_bounds",
+    "variant_addresses",
+]

@@ -21,6 +21,9 @@ length change, are one call into Triton's C launcher per kernel.
   ``torch.library`` operators. The functions call them while ``torch.compile`` traces, so a
   compiled decode step keeps the kernels in its graph.
 
+Each takes an 8-bit cache too (int8 or FP8 e4m3, ``course_lib.kvquant``) with its per-token
+scales, ``k_scale`` and ``v_scale``, which the kernel applies as it reads the cache.
+
 ``validate`` decides whether the values of the lengths and block ids are read and checked
 (each function's docstring says when). The default reads nothing on a GPU, so it makes no
 synchronisation; there the kernel clamps a bad value: a wrong answer, never a read outside
@@ -38,9 +41,12 @@ from course_lib.kernels.attention_common import empty_like_is_output, empty_outp
 from course_lib.masks import NO_WINDOW, Variant, check_variants
 from course_lib.ops.library import operator
 from course_lib.validate import (
+    GPU_DTYPES,
+    KV_QUANT_DTYPES,
     check_attention_inputs,
     check_block_table,
     check_int_tensor,
+    check_kv_scale,
     check_sm_scale,
     check_tensor,
 )
@@ -75,16 +81,18 @@ def _check_config(config, head_dim: int) -> dict | None:
 
 
 def _check_cache(q, k, v, lens, table, paged, num_splits, sm_scale, variant_args,
-                 lens_required=True) -> tuple:
+                 kv_scales=None, lens_required=True) -> tuple:
     """(sm_scale, ``Variant``, D) of a call on a contiguous cache k, v (B, H_kv, N_max, D), or
-    (``paged``) on pages (num_blocks, block_size, H_kv, D) and their ``table``; TypeError or
-    ValueError naming the argument. A plan is made before any lengths exist: it passes
-    ``lens_required=False``."""
+    (``paged``) on pages (num_blocks, block_size, H_kv, D) and their ``table``, 8-bit with
+    ``kv_scales`` (k_scale, v_scale) or in q's dtype; TypeError or ValueError naming the
+    argument. A plan is made before any lengths exist: it passes ``lens_required=False``."""
+    quantized = isinstance(k, torch.Tensor) and k.dtype in KV_QUANT_DTYPES
     if not paged:
-        B, _, _, _, _, D = check_attention_inputs(q, k, v)
+        B, _, _, _, _, D = check_attention_inputs(q, k, v, quantized_kv=quantized)
     else:
-        for name, t in (("q", q), ("k_pages", k), ("v_pages", v)):
-            check_tensor(name, t, 4)
+        check_tensor("q", q, 4)
+        for name, t in (("k_pages", k), ("v_pages", v)):
+            check_tensor(name, t, 4, KV_QUANT_DTYPES if quantized else GPU_DTYPES)
         B = q.shape[0]
         if k.shape != v.shape:
             raise ValueError(f"k_pages and v_pages must have one shape, got {tuple(k.shape)} "
@@ -92,7 +100,7 @@ def _check_cache(q, k, v, lens, table, paged, num_splits, sm_scale, variant_args
         _, block_size, H_kv, D = k.shape
         # the shared checks, on a (B, H_kv, block_size, D) view of the pages' shape
         check_attention_inputs(q, *(t[:1].permute(0, 2, 1, 3).expand(B, H_kv, block_size, D)
-                                    for t in (k, v)))
+                                    for t in (k, v)), quantized_kv=quantized)
         check_int_tensor("block_table", table, B, q.device, ndim=2,
                          shape=f"(B={B}, max_blocks)")
         if lens is None and lens_required:
@@ -103,6 +111,7 @@ def _check_cache(q, k, v, lens, table, paged, num_splits, sm_scale, variant_args
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dimension (stride 1), "
                              f"got strides {tuple(t.stride())}")
+    _check_scales(k_name, k, v, kv_scales)
     if lens is not None:
         check_int_tensor("cache_seqlens", lens, B, q.device)
     _check_num_splits(num_splits)
@@ -110,6 +119,24 @@ def _check_cache(q, k, v, lens, table, paged, num_splits, sm_scale, variant_args
     tensors = {"alibi_slopes": variant.alibi_slopes, "sinks": variant.sinks}
     variant = variant._replace(**{n: t.contiguous() for n, t in tensors.items() if t is not None})
     return check_sm_scale(sm_scale, D), variant, D
+
+
+def _check_scales(k_name: str, k, v, kv_scales) -> None:
+    """An 8-bit cache's scales (``kv_scales``: (k_scale, v_scale) or None): required with one,
+    refused without (``validate.check_kv_scale``)."""
+    k_scale, v_scale = (None, None) if kv_scales is None else kv_scales
+    check_kv_scale("k_scale", k_scale, k_name, k)
+    check_kv_scale("v_scale", v_scale, "v" + k_name[1:], v)
+
+
+def _scales(k_scale, v_scale):
+    """A call's ``kv_scales``: None where it gives neither."""
+    return None if k_scale is None and v_scale is None else (k_scale, v_scale)
+
+
+def _same_scales(a, b) -> bool:
+    """Whether two ``kv_scales`` are the same tensors (or both None)."""
+    return a is b or (a is not None and b is not None and a[0] is b[0] and a[1] is b[1])
 
 
 def _sizes(k, table) -> tuple:
@@ -176,14 +203,15 @@ def _capturing(stream: int) -> bool:
 
 class _Bound:
     """A plan's last step, bound (``DecodePlan._launch``): the split kernel's launch
-    ``split(*addresses, *geometry)``, the merge kernel's (``merges``: none or one), and what they
-    were bound for: the cache and the variant, the cache's length and ``geometry`` (the
-    arguments after the addresses), what the compiled kernel depends on (the integers' classes,
-    q's strides, the block table's row stride, whether there are lengths), the (out, lse)
-    addresses. Slots: read at every step, faster than a NamedTuple's fields."""
+    ``split(*addresses, *geometry, values, *scale_args)``, the merge kernel's (``merges``: none
+    or one), and what they were bound for: the cache, its scales (None, or an 8-bit cache's
+    (k_scale, v_scale)) and the variant, the cache's length and ``geometry`` (the arguments
+    after the addresses), the scales' strides, what the compiled kernel depends on (the
+    integers' classes, q's strides, the block table's row stride, whether there are lengths),
+    the (out, lse) addresses. Slots: read at every step, faster than a NamedTuple's fields."""
 
-    __slots__ = ("k", "v", "variant", "values", "n_max", "geometry", "classes", "q_stride",
-                 "table_stride", "no_lens", "split", "merges", "outs")
+    __slots__ = ("k", "v", "scales", "variant", "values", "n_max", "geometry", "scale_geometry",
+                 "classes", "q_stride", "table_stride", "no_lens", "split", "merges", "outs")
 
     def __init__(self, *fields):
         for name, value in zip(self.__slots__, fields, strict=True):
@@ -200,18 +228,21 @@ class DecodePlan:
     in a CUDA graph and replayed.
     """
 
-    def __init__(self, split: kd.SplitPlan, q, sm_scale: float, variant: Variant):
+    def __init__(self, split: kd.SplitPlan, q, sm_scale: float, variant: Variant, kv_dtype):
         self.plan, self.sm_scale, self.num_splits = split, sm_scale, split.num_splits
         self.paged, self.dtype, self.device = split.paged, q.dtype, q.device
+        self.kv_dtype = kv_dtype  # q's, or an 8-bit cache's (then every run takes its scales)
         self._variant = variant  # (its tensors: the plan's, or the last call's)
         self._device_index = q.get_device()
         self.out = self.lse = self._shapes = self._outs = None  # (``_outs``: their addresses)
         self.out_like = False  # whether torch.empty_like(q) is O's layout (``_run``)
         self._bound: _Bound | None = None  # the launches of the last step
 
-    def _launch(self, q, k, v, lens, table, out, lse, n_max, variant, stream) -> None:
-        """One step into ``out``, ``lse`` on ``stream``. The last step's bound launches are
-        repeated when only addresses, the cache's strides and its length changed within the
+    def _launch(self, q, k, v, lens, table, out, lse, n_max, variant, stream,
+                kv_scales=None) -> None:
+        """One step into ``out``, ``lse`` on ``stream`` (``kv_scales``: an 8-bit cache's
+        (k_scale, v_scale)). The last step's bound launches are repeated when only addresses,
+        the strides of the cache (and of its scales) and its length changed within the
         specialization classes the compiled kernel depends on (16-byte aligned addresses, each
         integer's class), with q's strides and variant, no profiler hooks and no CUDA-graph
         capture; a bound merge kernel only for the same ``out`` and ``lse``."""
@@ -222,39 +253,49 @@ class DecodePlan:
         lp = p if lens is None else lens.data_ptr()
         tp = p if table is None else table.data_ptr()
         table_stride = None if table is None else table.stride(0)
-        if b is not None and b.k is k and b.v is v and b.n_max == n_max:
-            geometry, classes = b.geometry, b.classes  # the same cache: what was computed then
+        if (b is not None and b.k is k and b.v is v and b.n_max == n_max
+                and _same_scales(b.scales, kv_scales)):  # the same cache: as computed then
+            geometry, scale_geometry, classes = b.geometry, b.scale_geometry, b.classes
         else:
             geometry = (*kd.cache_geometry(self.paged, k, v), n_max)
-            classes = int_classes(geometry)
+            scale_geometry = () if kv_scales is None else kd.cache_geometry(self.paged,
+                                                                             *kv_scales)
+            classes = int_classes((*geometry, *scale_geometry))
+        scale_args, sa = (), 0
+        if kv_scales is not None:  # an 8-bit cache: its scales' addresses and strides, too
+            ksp, vsp = kv_scales[0].data_ptr(), kv_scales[1].data_ptr()
+            scale_args, sa = (ksp, vsp, *scale_geometry), ksp | vsp
         if b is not None and b.variant is variant:
             values, aligned = b.values, True
         else:  # (a plan's variants differ from call to call in their tensors only)
             values, aligned = kd.variant_addresses(variant)
         if (b is not None and aligned and classes == b.classes and q.stride() == b.q_stride
                 and table_stride == b.table_stride and (lens is None) is b.no_lens
+                and (kv_scales is None) is (b.scales is None)
                 and (not b.merges or b.outs == (op, sp))
-                and not (p | kp | vp | lp | tp | op | sp) & 15
+                and not (p | kp | vp | lp | tp | op | sp | sa) & 15
                 and not hooks_installed() and not _capturing(stream)):
-            b.split(p, kp, vp, lp, tp, op, sp, *geometry, values)
+            b.split(p, kp, vp, lp, tp, op, sp, *geometry, values, *scale_args)
             for merge in b.merges:
                 merge()
             return
         bind = not _capturing(stream)
         launches = kd.run_plan(self.plan, q, k, v, lens, table, self.sm_scale, out, lse,
-                               bind=bind, n_max=n_max, variant=variant)
+                               bind=bind, n_max=n_max, variant=variant, kv_scales=kv_scales)
         self._bound = (None if not bind or launches is None else
-                       _Bound(k, v, variant, values, n_max, geometry, classes, q.stride(),
-                              table_stride, lens is None, launches[0], tuple(launches[1:]),
-                              (op, sp)))
+                       _Bound(k, v, kv_scales, variant, values, n_max, geometry, scale_geometry,
+                              classes, q.stride(), table_stride, lens is None, launches[0],
+                              tuple(launches[1:]), (op, sp)))
 
     def run(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, return_lse=False,
-            *, validate=None):
+            *, validate=None, k_scale=None, v_scale=None):
         """One decode step into the plan's buffers: returns ``self.out`` (and ``self.lse``).
 
         ``cache_seqlens`` (B,) int32 (None: every sequence uses all N_max keys); paged plans
         need ``block_table`` (B, max_blocks) as planned and ``cache_seqlens``, int32 and
-        contiguous (``run`` converts nothing).
+        contiguous (``run`` converts nothing). A plan of an 8-bit cache needs ``k_scale`` and
+        ``v_scale`` at every step, as ``flash_decode`` does (checked where they are not the
+        last step's).
 
         ``validate`` as in ``flash_decode`` and ``paged_decode``: None (the default) checks the
         lengths and block table where that is free, on the CPU, at every step (their kind,
@@ -267,16 +308,23 @@ class DecodePlan:
         b = self._bound  # (the caches of the last step, if these are they, had their shapes)
         if (q.shape != q_shape or q.dtype != self.dtype
                 or not (b is not None and b.k is k_cache and b.v is v_cache)
-                and (k_cache.shape != kv_shape or v_cache.shape != kv_shape)):
-            raise ValueError(f"this plan is for q {q_shape} and caches {kv_shape} "
-                             f"of {self.dtype}, got q {tuple(q.shape)} {q.dtype} and "
-                             f"k_cache {tuple(k_cache.shape)}: make a new plan")
+                and (k_cache.shape != kv_shape or v_cache.shape != kv_shape
+                     or k_cache.dtype != self.kv_dtype or v_cache.dtype != self.kv_dtype)):
+            raise ValueError(f"this plan is for q {q_shape} of {self.dtype} and caches "
+                             f"{kv_shape} of {self.kv_dtype}, got q {tuple(q.shape)} {q.dtype} "
+                             f"and k_cache {tuple(k_cache.shape)} {k_cache.dtype}: make a new "
+                             "plan")
+        kv_scales = _scales(k_scale, v_scale)
+        if ((kv_scales is not None or self.kv_dtype in KV_QUANT_DTYPES)
+                and not (b is not None and b.scales is not None and b.k is k_cache
+                         and b.v is v_cache and _same_scales(b.scales, kv_scales))):
+            _check_scales("k_pages" if self.paged else "k_cache", k_cache, v_cache, kv_scales)
         if self.paged and (block_table is None or cache_seqlens is None):
             raise ValueError("a paged plan's run needs block_table and cache_seqlens")
         if (validate or _FREE_READS) and _checks_values(validate):
             self._check_values(cache_seqlens, block_table)
         self._launch(q, k_cache, v_cache, cache_seqlens, block_table, self.out, self.lse,
-                     self.plan.n_max, self._variant, _stream_id(self._device_index))
+                     self.plan.n_max, self._variant, _stream_id(self._device_index), kv_scales)
         return (self.out, self.lse) if return_lse else self.out
 
     def _check_values(self, cache_seqlens, block_table) -> None:
@@ -310,7 +358,7 @@ def _refuse_conversion(name: str, t: torch.Tensor) -> None:
 
 def plan_decode(q, k_cache, v_cache, *, block_table=None, num_splits=None, sm_scale=None,
                 config=None, merge="auto", window_size=NO_WINDOW, softcap=0.0,
-                alibi_slopes=None, sinks=None) -> DecodePlan:
+                alibi_slopes=None, sinks=None, k_scale=None, v_scale=None) -> DecodePlan:
     """Plan decode steps shaped like these tensors (see ``DecodePlan``).
 
     The arguments are those of ``flash_decode`` (or, with ``block_table``, of ``paged_decode``,
@@ -320,7 +368,9 @@ def plan_decode(q, k_cache, v_cache, *, block_table=None, num_splits=None, sm_sc
     (``course_lib.kernels.decode.MERGES``). The variants (``flash_decode``'s keywords) are fixed
     by the plan: a window sets the split count for the keys it reads, and the plan holds the
     ALiBi slopes and sinks it was given (contiguous ones as they are, read at every step; a
-    strided one is copied once), so layers that differ in them need plans of their own.
+    strided one is copied once), so layers that differ in them need plans of their own. An 8-bit
+    cache is planned with its scales (``k_scale``, ``v_scale``, checked as ``flash_decode``
+    checks them), and every ``run`` takes them.
 
         plan = plan_decode(q, k_cache, v_cache)        # once per batch shape
         for step in range(n_steps):                      # then every step: only launches
@@ -331,7 +381,8 @@ def plan_decode(q, k_cache, v_cache, *, block_table=None, num_splits=None, sm_sc
     """
     sm_scale, variant, D = _check_cache(q, k_cache, v_cache, None, block_table,
                                         block_table is not None, num_splits, sm_scale,
-                                        (window_size, softcap, alibi_slopes, sinks), False)
+                                        (window_size, softcap, alibi_slopes, sinks),
+                                        _scales(k_scale, v_scale), False)
     plan = _plan(None, q, k_cache, block_table, num_splits, sm_scale, variant, merge=merge,
                  config=_check_config(config, D))
     plan.out = empty_output(q)
@@ -364,12 +415,14 @@ def _length_bucket(n: int) -> int:
 
 
 def _plan_key(q, k, v, lens, table, sm_scale, num_splits, variant_args,
-              operator=False) -> tuple:
+              operator=False, kv_scales=None) -> tuple:
     """The key of the plan a call runs: everything the checks and the plan depend on, read off
     the arguments as given, so that a call whose key has a plan passes the checks that made it.
     The stream first (buffers are per stream; ``_run`` takes it from here), then the tensors'
     layouts (a contiguous cache's length by its ``_length_bucket``), the scale, and the other
-    options with their types (True equals 1 but is no count), None where all are defaults.
+    options with their types (True equals 1 but is no count), None where all are defaults;
+    last an 8-bit cache's scales (``kv_scales``): their dtypes, devices and whether their shape
+    is the cache's without D (their strides, as the cache's, are the launch's to take).
     TypeError, AttributeError or IndexError for what is no tensor, pair or dict: the checks
     then name it."""
     ks, dev = k.shape, q.get_device()
@@ -388,7 +441,9 @@ def _plan_key(q, k, v, lens, table, sm_scale, num_splits, variant_args,
             k.stride()[-1], v.stride()[-1], k.dtype, v.dtype, k.get_device(), v.get_device(),
             None if lens is None else (lens.shape, lens.dtype, lens.get_device()),
             None if table is None else (table.shape, table.dtype, table.get_device()),
-            type(sm_scale), sm_scale, options, operator)
+            type(sm_scale), sm_scale, options, operator,
+            None if kv_scales is None else tuple((t.dtype, t.get_device(), t.shape == ks[:3])
+                                                 for t in kv_scales))
 
 
 def _plan(key, q, k, table, num_splits, sm_scale, variant, operator=False, merge="auto",
@@ -404,7 +459,7 @@ def _plan(key, q, k, table, num_splits, sm_scale, variant, operator=False, merge
                          q.device, num_splits=num_splits, config=config, paged=table is not None,
                          page_size=page_size, num_blocks=num_blocks, merge=merge,
                          window=variant.window)
-    plan = DecodePlan(split, q, sm_scale, variant)
+    plan = DecodePlan(split, q, sm_scale, variant, k.dtype)
     plan.out_like = empty_like_is_output(q)  # (the key holds q's strides)
     if key is not None and (not operator or split.num_splits == 1):
         _PLANS[key] = plan
@@ -413,10 +468,11 @@ def _plan(key, q, k, table, num_splits, sm_scale, variant, operator=False, merge
     return plan
 
 
-def _run(plan, q, k, v, lens, table, n_max, alibi_slopes, sinks, return_lse, stream):
+def _run(plan, q, k, v, lens, table, n_max, alibi_slopes, sinks, return_lse, stream,
+         kv_scales=None):
     """(o, lse) of one call by ``plan`` on ``stream`` (``_stream_id``): o new, and lse new
     unless it is not returned (then a buffer of the plan). ``n_max``: the cache's true length
-    (the plan's may be longer)."""
+    (the plan's may be longer); ``kv_scales``: an 8-bit cache's (k_scale, v_scale)."""
     out = torch.empty_like(q) if plan.out_like else empty_output(q)
     if return_lse or plan.lse is None:
         lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
@@ -429,7 +485,7 @@ def _run(plan, q, k, v, lens, table, n_max, alibi_slopes, sinks, return_lse, str
         variant = plan._variant = variant._replace(
             alibi_slopes=None if alibi_slopes is None else alibi_slopes.contiguous(),
             sinks=None if sinks is None else sinks.contiguous())
-    plan._launch(q, k, v, lens, table, out, lse, n_max, variant, stream)
+    plan._launch(q, k, v, lens, table, out, lse, n_max, variant, stream, kv_scales)
     return out, lse
 
 
@@ -439,7 +495,7 @@ def _run(plan, q, k, v, lens, table, n_max, alibi_slopes, sinks, return_lse, str
 
 def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm_scale=None,
                  return_lse=False, validate=None, window_size=NO_WINDOW, softcap=0.0,
-                 alibi_slopes=None, sinks=None):
+                 alibi_slopes=None, sinks=None, k_scale=None, v_scale=None):
     """Flash-Decoding: attention of a few query tokens to a KV cache, split over the keys.
 
     q (B, H, N_q, D); k_cache, v_cache (B, H_kv, N_max, D) with H a multiple of H_kv (GQA);
@@ -459,6 +515,13 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm
 
     num_splits: key splits per sequence (None: chosen from the SM count and the work).
 
+    An 8-bit cache: k_cache and v_cache int8 or torch.float8_e4m3fn, with ``k_scale`` and
+    ``v_scale`` (B, H_kv, N_max) fp32, one scale per token and head (key n of head g is
+    k_cache[b, g, n] · k_scale[b, g, n]; ``course_lib.kvquant.quantize_kv`` makes them). q stays
+    fp16, bf16 or fp32 and o comes in its dtype; the kernel converts each tile to q's dtype
+    (exactly) and applies the scales outside its products. Scales are required with an 8-bit
+    cache and refused with any other.
+
     validate: whether the lengths' values are checked, every L_b in [0, N_max] (else a
     ValueError naming cache_seqlens). None (the default): where that costs nothing, on the CPU
     (not while torch.compile traces); on a GPU the call reads nothing back, so it makes no
@@ -470,12 +533,13 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm
     A wrong answer without an error, but never a read outside the cache.
     """
     return _decode(q, k_cache, v_cache, cache_seqlens, None, num_splits, sm_scale, return_lse,
-                   validate, (window_size, softcap, alibi_slopes, sinks))
+                   validate, (window_size, softcap, alibi_slopes, sinks),
+                   kv_scales=_scales(k_scale, v_scale))
 
 
 def paged_decode(q, k_pages, v_pages, block_table, cache_seqlens, num_splits=None, *,
                  sm_scale=None, return_lse=False, validate=None, window_size=NO_WINDOW,
-                 softcap=0.0, alibi_slopes=None, sinks=None):
+                 softcap=0.0, alibi_slopes=None, sinks=None, k_scale=None, v_scale=None):
     """PagedAttention decode: like ``flash_decode``, with K/V stored in fixed-size pages.
 
     q (B, H, N_q, D); k_pages, v_pages (num_blocks, block_size, H_kv, D), the layout of vLLM and
@@ -483,7 +547,8 @@ def paged_decode(q, k_pages, v_pages, block_table, cache_seqlens, num_splits=Non
     block_table (B, max_blocks) int32 maps sequence b's logical block j (keys j·block_size …)
     to a physical block; cache_seqlens (B,) int32. Entries past a sequence's last block are
     ignored. Returns what ``flash_decode`` returns on the same logical data, with the same
-    variants' keywords (a window reads only the pages that hold its keys).
+    variants' keywords (a window reads only the pages that hold its keys). An 8-bit cache's
+    ``k_scale`` and ``v_scale`` are paged as it is: (num_blocks, block_size, H_kv) fp32.
 
     validate: as ``flash_decode``'s, for the lengths, within [0, max_blocks·block_size], and
     for every block id in use, those of the first ceil(L_b / block_size) entries of row b,
@@ -494,23 +559,26 @@ def paged_decode(q, k_pages, v_pages, block_table, cache_seqlens, num_splits=Non
     sequence's own. A wrong answer without an error, but never a read outside the pages.
     """
     return _decode(q, k_pages, v_pages, cache_seqlens, block_table, num_splits, sm_scale,
-                   return_lse, validate, (window_size, softcap, alibi_slopes, sinks), paged=True)
+                   return_lse, validate, (window_size, softcap, alibi_slopes, sinks), paged=True,
+                   kv_scales=_scales(k_scale, v_scale))
 
 
 def _decode(q, k, v, lens, table, num_splits, sm_scale, return_lse, validate, variant_args,
-            paged=False):
+            paged=False, kv_scales=None):
     """``flash_decode`` and (``paged``) ``paged_decode``: the plan kept under the call's key,
-    or the checks and a new plan; then one step by it (by the operator under torch.compile)."""
+    or the checks and a new plan; then one step by it (by the operator under torch.compile).
+    ``kv_scales``: an 8-bit cache's (k_scale, v_scale), or None."""
     compiling, key, plan = torch.compiler.is_compiling(), None, None
     if not compiling:
         try:
-            key = _plan_key(q, k, v, lens, table, sm_scale, num_splits, variant_args)
+            key = _plan_key(q, k, v, lens, table, sm_scale, num_splits, variant_args,
+                            kv_scales=kv_scales)
             plan = _PLANS.get(key)
         except (AttributeError, IndexError, TypeError):  # the checks below name the argument
             key = None
     if plan is None:  # the checks (a plan is kept only for a key whose checks passed)
         sm_scale, variant, _ = _check_cache(q, k, v, lens, table, paged, num_splits, sm_scale,
-                                            variant_args)
+                                            variant_args, kv_scales)
     num_blocks, page_size, n_max = _sizes(k, table)
     if (validate or _FREE_READS) and _checks_values(validate):
         if paged:
@@ -525,11 +593,12 @@ def _decode(q, k, v, lens, table, num_splits, sm_scale, return_lse, validate, va
         args = (q, k, v, table, lens) if paged else (q, k, v, lens)
         op = torch.ops.course.paged_decode if paged else torch.ops.course.flash_decode
         o, lse = op(*args, num_splits or 0, sm_scale, variant.window[0], variant.softcap,
-                    variant.alibi_slopes, variant.sinks)
+                    variant.alibi_slopes, variant.sinks, *(kv_scales or (None, None)))
     else:
         plan = plan or _plan(key, q, k, table, num_splits, sm_scale, variant)
         o, lse = _run(plan, q, k, v, lens, table, n_max, variant_args[2], variant_args[3],
-                      return_lse, _stream_id(q.get_device()) if key is None else key[0])
+                      return_lse, _stream_id(q.get_device()) if key is None else key[0],
+                      kv_scales)
     return (o, lse) if return_lse else o
 
 
@@ -538,14 +607,17 @@ def _decode(q, k, v, lens, table, num_splits, sm_scale, return_lse, validate, va
 # ---------------------------------------------------------------------------------------------
 
 def _op_call(q, k, v, lens, table, num_splits, sm_scale, window_left, softcap, alibi_slopes,
-             sinks):
+             sinks, k_scale=None, v_scale=None):
     """(o, lse) of an operator's checked arguments; num_splits 0: chosen."""
     variant = Variant((window_left, 0), softcap, alibi_slopes, sinks)
-    key = _plan_key(q, k, v, lens, table, sm_scale, num_splits, variant, operator=True)
+    kv_scales = _scales(k_scale, v_scale)
+    key = _plan_key(q, k, v, lens, table, sm_scale, num_splits, variant, operator=True,
+                    kv_scales=kv_scales)
     plan = _PLANS.get(key) or _plan(key, q, k, table, num_splits or None, sm_scale, variant,
                                     operator=True)
     n_max = _sizes(k, table)[2]
-    return _run(plan, q, k, v, lens, table, n_max, alibi_slopes, sinks, True, key[0])
+    return _run(plan, q, k, v, lens, table, n_max, alibi_slopes, sinks, True, key[0],
+                kv_scales)
 
 
 def _fake_outputs(q, *_):
@@ -556,21 +628,23 @@ def _fake_outputs(q, *_):
 def _flash_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor | None,
                   num_splits: int, sm_scale: float, window_left: int = -1,
                   softcap: float = 0.0, alibi_slopes: Tensor | None = None,
-                  sinks: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """(o, lse) of ``flash_decode`` on checked inputs."""
+                  sinks: Tensor | None = None, k_scale: Tensor | None = None,
+                  v_scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(o, lse) of ``flash_decode`` on checked inputs (an 8-bit cache with its scales)."""
     return _op_call(q, k_cache, v_cache, cache_seqlens, None, num_splits, sm_scale, window_left,
-                    softcap, alibi_slopes, sinks)
+                    softcap, alibi_slopes, sinks, k_scale, v_scale)
 
 
 @operator(_fake_outputs)
 def _paged_decode(q: Tensor, k_pages: Tensor, v_pages: Tensor, block_table: Tensor,
                   cache_seqlens: Tensor, num_splits: int, sm_scale: float,
                   window_left: int = -1, softcap: float = 0.0,
-                  alibi_slopes: Tensor | None = None,
-                  sinks: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """(o, lse) of ``paged_decode`` on checked inputs."""
+                  alibi_slopes: Tensor | None = None, sinks: Tensor | None = None,
+                  k_scale: Tensor | None = None,
+                  v_scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(o, lse) of ``paged_decode`` on checked inputs (an 8-bit cache with its scales)."""
     return _op_call(q, k_pages, v_pages, cache_seqlens, block_table, num_splits, sm_scale,
-                    window_left, softcap, alibi_slopes, sinks)
+                    window_left, softcap, alibi_slopes, sinks, k_scale, v_scale)
 
 
 __all__ = ["DecodePlan", "check_cache_seqlens", "flash_decode", "forget_plans", "paged_decode",

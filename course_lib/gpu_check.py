@@ -116,18 +116,19 @@ def _environment() -> dict:
 # benchmarks, exercises' kernels through ``exercises verify``); the others test what runs on
 # the CPU alone (figures, slides, the stored numbers, NumPy models, the browser) and run in CI.
 # tests/test_gpu_check.py holds every test file to one of the two lists.
-GPU_TESTS = ("test_bench.py", "test_decode.py", "test_flash_bwd.py", "test_flash_fp8.py",
-             "test_flash_v1.py", "test_flash_v2.py", "test_flash_v2_plan.py",
+GPU_TESTS = ("test_bench.py", "test_cascade.py", "test_decode.py", "test_flash_bwd.py",
+             "test_flash_fp8.py", "test_flash_v1.py", "test_flash_v2.py", "test_flash_v2_plan.py",
              "test_flash_variants.py", "test_flash_variants_bwd.py", "test_foundation.py",
-             "test_hardware.py", "test_hf.py", "test_kvcache.py", "test_matmul.py", "test_ops.py",
-             "test_puzzles.py")
+             "test_hardware.py", "test_hf.py", "test_kv_quant.py", "test_kvcache.py",
+             "test_matmul.py", "test_ops.py", "test_puzzles.py", "test_serving_engine.py")
 CPU_TESTS = ("test_architecture.py", "test_block_map.py", "test_browser_notebooks.py",
              "test_browser_widgets.py", "test_device_asserts.py", "test_environment.py",
              "test_exercise_leaks.py", "test_exercises.py", "test_figures.py", "test_fp8.py",
              "test_gpu_check.py", "test_iomodel_attention.py", "test_iomodel_backward.py",
              "test_iomodel_matmul.py", "test_iomodel_variants.py", "test_masks.py",
              "test_notebooks_meta.py", "test_predict.py", "test_reference.py",
-             "test_results.py", "test_slides.py", "test_softmax.py", "test_sources.py")
+             "test_results.py", "test_slides.py", "test_softmax.py", "test_sources.py",
+             "test_speculative.py")
 
 
 def _longest_first(paths: list[str]) -> list[str]:

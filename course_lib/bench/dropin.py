@@ -307,8 +307,8 @@ def dispatch_rows(rounds: int = 7) -> dict:
         def dec(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 cache_seqlens: torch.Tensor | None, num_splits: int,
                 sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-            return od._op_call(q, k_cache, v_cache, cache_seqlens, None, k_cache.shape[2], 1,
-                               1, num_splits, sm_scale, -1, 0.0, None, None)
+            return od._op_call(q, k_cache, v_cache, cache_seqlens, None, num_splits, sm_scale,
+                               -1, 0.0, None, None)
 
         torch.library.custom_op(f"{lib}::flash_attn_fwd", fwd, mutates_args=()) \
             .register_fake(oa._flash_attn_fwd_fake)
@@ -323,9 +323,8 @@ def dispatch_rows(rounds: int = 7) -> dict:
         "flash_attn_fwd_direct_us": lambda: oa._flash_attn_v2_forward(q, k, v, True, 0.125),
         "flash_decode_library_us": lambda: torch.ops.course.flash_decode(*dec_args),
         "flash_decode_custom_op_us": lambda: ops.flash_decode(*dec_args),
-        "flash_decode_direct_us": lambda: od._op_call(qd, kd, kd, lens, None, kd.shape[2], 1,
-                                                      1, 0, 128 ** -0.5, -1, 0.0, None,
-                                                      None),
+        "flash_decode_direct_us": lambda: od._op_call(qd, kd, kd, lens, None, 0, 128 ** -0.5,
+                                                      -1, 0.0, None, None),
     }
     sdpa, backends = _sdpa_host_fns(q, k, v)
     fns |= sdpa

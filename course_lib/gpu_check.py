@@ -120,7 +120,8 @@ GPU_TESTS = ("test_bench.py", "test_cascade.py", "test_decode.py", "test_flash_b
              "test_flash_fp8.py", "test_flash_v1.py", "test_flash_v2.py", "test_flash_v2_plan.py",
              "test_flash_variants.py", "test_flash_variants_bwd.py", "test_foundation.py",
              "test_hardware.py", "test_hf.py", "test_kv_quant.py", "test_kvcache.py",
-             "test_matmul.py", "test_ops.py", "test_puzzles.py", "test_serving_engine.py")
+             "test_matmul.py", "test_ops.py", "test_puzzles.py", "test_serving_engine.py",
+             "test_tree_attention.py")
 CPU_TESTS = ("test_architecture.py", "test_block_map.py", "test_browser_notebooks.py",
              "test_browser_widgets.py", "test_device_asserts.py", "test_environment.py",
              "test_exercise_leaks.py", "test_exercises.py", "test_figures.py", "test_fp8.py",

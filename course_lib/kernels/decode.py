@@ -41,6 +41,18 @@ act outside the products: S = (q · k̂ᵀ) · k_scale[None, :] and P · V = (P 
 Half the bytes of an fp16 cache, plus 8 bytes per token and head; the quantized path is not yet
 measured on a GPU.
 
+``TREE=True``: speculative decoding's token tree verified in one step (Miao et al., "SpecInfer:
+Accelerating Large Language Model Serving with Tree-based Speculative Inference and
+Verification", ASPLOS 2024, section 4.2, https://arxiv.org/abs/2305.09781; FlashInfer's custom
+masks, https://docs.flashinfer.ai). The ``N_q`` queries are the tree's nodes, whose keys are the
+last ``N_q`` of the sequence's cache in node order (parents first). ``TREE_MASK`` is int64
+(B, N_q) with row stride ``stride_tmb`` (0: one tree for the whole batch): bit j of row i is
+set iff node i sees node j (itself or an ancestor), so ``N_q <= 64``. A key n >= L_b - N_q holds
+node j = n - (L_b - N_q), and row i sees it iff ``(mask_i >> j) & 1`` (and j <= i, the causal
+rule); every key before the tree is seen by every row. A chain's mask is the causal mask, bit
+for bit. ``ops.decode`` refuses a window or ALiBi with a tree (their distances are a chain's).
+A tree costs one int64 load per row and a shift per score; it is not benchmarked on a GPU.
+
 Speed on an NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-11-29 (N_q 1, H 32, H_kv 8, D 128,
 fp16, ``do_bench`` median; data/decode_merge.json, "smoke"), µs, ours (SDPA cuDNN in the same run)
 at B 1 N 4k, B 1 N 128k, B 8 N 4k, B 8 N 128k, B 64 N 2k: ``flash_decode`` eagerly 15.0 (17.3),
@@ -106,6 +118,7 @@ def _decode_split_kernel(
     VARIANT,  # the call's variants (``band.variant_args``; right = 0: the decode is causal)
     K_SCALE, V_SCALE, stride_ksb, stride_ksh, stride_ksn,  # an 8-bit cache's scales (KV_SCALED),
     stride_vsb, stride_vsh, stride_vsn,  # strides as the cache's; then 23 are taken anew
+    TREE_MASK, stride_tmb,  # a token tree's bitmasks (TREE): its address the 24th taken anew
     O_PART, LSE_PART, ARRIVED, stride_qb, stride_qh, stride_qm,
     stride_btb,
     stride_ob, stride_oh, stride_om,
@@ -115,7 +128,7 @@ def _decode_split_kernel(
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQLENS: tl.constexpr,
     IEEE_DOT: tl.constexpr, FUSED_MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
     CHUNK: tl.constexpr, INTERLEAVED: tl.constexpr, WINDOW: tl.constexpr = False,
-    HAS_SINKS: tl.constexpr = False, KV_SCALED: tl.constexpr = False,
+    HAS_SINKS: tl.constexpr = False, KV_SCALED: tl.constexpr = False, TREE: tl.constexpr = False,
 ):
     split = tl.program_id(0)
     bg = tl.program_id(1)  # b * H_kv + g
@@ -153,6 +166,8 @@ def _decode_split_kernel(
     last_key = seqlen - N_Q + qi  # (BLOCK_M,)
     if WINDOW:  # ... and no key before j_lo
         j_lo, _ = _key_limits(last_key, seqlen, VARIANT)
+    if TREE:  # ... and of the tree's keys, those whose bit is set in the row's mask
+        tree_bits = tl.load(TREE_MASK + b.to(tl.int64) * stride_tmb + qi, mask=row_ok, other=0)
 
     # Partial results are stored per (b, head, i, split): row id (b·H + head)·N_Q + i.
     part_row = (b * H + head) * N_Q + qi  # (BLOCK_M,)
@@ -219,6 +234,10 @@ def _decode_split_kernel(
         visible = offs_n[None, :] <= last_key[:, None]  # causal and in range (n < seqlen)
         if WINDOW:  # and no further back than the window's left side
             visible = visible & (offs_n[None, :] >= j_lo[:, None])
+        if TREE:  # key n holds node j = n - (L_b - N_q); j < 0: the cache before the tree
+            node = offs_n - (seqlen - N_Q)  # (BLOCK_N,)
+            bit = (tree_bits[:, None] >> tl.minimum(tl.maximum(node, 0), N_Q - 1)[None, :]) & 1
+            visible = visible & ((node[None, :] < 0) | (bit != 0))
         s = tl.where(visible, s, float("-inf"))
 
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -271,9 +290,12 @@ def _decode_split_kernel(
 # A bound launch of the split kernel (course_lib._launch.bind) takes its first 15 arguments anew:
 # the addresses of q, k, v, seqlens, block_table, out, lse, the cache's 6 strides, N_MAX and
 # VARIANT, its tensors as addresses (``variant_addresses``); with an 8-bit cache 8 more: the
-# addresses of its scales and their 6 strides (``cache_geometry`` of the scales).
+# addresses of its scales and their 6 strides (``cache_geometry`` of the scales); with a token
+# tree those 8 (in place of absent scales: q's address twice and six 0s) and TREE_FREE more, the
+# address of its bitmasks.
 SPLIT_FREE = 15
 SCALE_FREE = 8
+TREE_FREE = 1
 
 
 def variant_addresses(variant: Variant) -> tuple:
@@ -296,17 +318,19 @@ def cache_geometry(paged: bool, k, v) -> tuple:
 
 def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, out, lse,
              bind: bool = False, n_max: int | None = None, variant: Variant | None = None,
-             kv_scales: tuple | None = None):
+             kv_scales: tuple | None = None, tree_bits: torch.Tensor | None = None):
     """A decode step into ``out`` (B, H, N_q, D) and ``lse`` (B, H, N_q): one launch (one split,
     or the fused merge) or two (then the merge kernel). ``k``, ``v``: (B, H_kv, N, D), or pages
     (num_blocks, block_size, H_kv, D) with ``block_table``; ``seqlens`` (B,) int32 or None.
     ``bind=True`` returns the launches bound to all but ``SPLIT_FREE`` (or None): call the first
     as ``launch(*addresses, *cache_geometry(paged, k, v), n_max, variant_addresses(variant)[0])``
-    (with ``kv_scales``, ``SCALE_FREE`` more: their addresses, then ``cache_geometry`` of them).
+    (with ``kv_scales``, ``SCALE_FREE`` more: their addresses, then ``cache_geometry`` of them;
+    with ``tree_bits``, those and ``TREE_FREE`` more: its address).
     ``n_max``: the cache's length where it is shorter than the plan's (a plan serves a range of
     lengths). ``variant``: checked, with the plan's window, its tensors contiguous (None: plain
     causal attention). ``kv_scales``: (k_scale, v_scale) fp32 of an 8-bit k, v, shaped as them
-    without D (None: a cache in q's dtype)."""
+    without D (None: a cache in q's dtype). ``tree_bits``: a token tree's int64 bitmasks, (N_q,)
+    for the whole batch or (B, N_q), contiguous (None: the queries causal among themselves)."""
     variant = variant or Variant(plan.window)
     sinks = variant.sinks
     sq, so = q.stride(), out.stride()
@@ -323,18 +347,22 @@ def run_plan(plan: SplitPlan, q, k, v, seqlens, block_table, sm_scale: float, ou
     n_max = plan.n_max if n_max is None else n_max
     scaled = kv_scales is not None
     scales = (*kv_scales, *cache_geometry(plan.paged, *kv_scales)) if scaled else (q, q, *[0] * 6)
-    split = launch(SPLIT_FREE + SCALE_FREE * scaled if bind else None, _decode_split_kernel,
+    tree = tree_bits is not None
+    tree_args = (tree_bits, tree_bits.stride(0) if tree_bits.dim() == 2 else 0) if tree else (q, 0)
+    free = SPLIT_FREE + SCALE_FREE * (scaled or tree) + TREE_FREE * tree
+    split = launch(free if bind else None, _decode_split_kernel,
                    (S, B * plan.H_kv, plan.m_tiles),
                    q, k, v, seqlens if has_seqlens else q, block_table if plan.paged else q,
                    out, lse, *cache_geometry(plan.paged, k, v), n_max, variant_args(variant)[0],
-                   *scales, o_part, lse_part, arrived, sq[0], sq[1], sq[2],
+                   *scales, *tree_args, o_part, lse_part, arrived, sq[0], sq[1], sq[2],
                    stride_bt, so[0], so[1], so[2], sm_scale * LOG2E.value, H, plan.num_blocks,
                    float(sm_scale), N_Q=N_q, GROUP=H // plan.H_kv, NUM_SPLITS=S, HEAD_DIM=D,
                    BLOCK_M=plan.block_m, BLOCK_N=cfg["BLOCK_N"], PAGED=plan.paged,
                    PAGE_SIZE=plan.page_size, HAS_SEQLENS=has_seqlens,
                    IEEE_DOT=q.dtype == torch.float32, FUSED_MERGE=fused, BLOCK_S=block_s,
                    CHUNK=chunk, INTERLEAVED=plan.interleaved, WINDOW=variant.window[0] >= 0,
-                   HAS_SINKS=sinks is not None, KV_SCALED=scaled, num_warps=cfg["num_warps"],
+                   HAS_SINKS=sinks is not None, KV_SCALED=scaled, TREE=tree,
+                   num_warps=cfg["num_warps"],
                    num_stages=cfg["num_stages"])
     launches = [split]
     if S > 1 and not fused:
@@ -354,7 +382,7 @@ __all__ = [  # the kernel's launch, and decode_plan's names, which the lessons i
     "DECODE_CONFIGS", "INTERLEAVE_MIN_SPLITS", "INTERLEAVE_MIN_TILES", "INTERPRET_CONFIG",
     "INTERPRET_MAX_SPLITS", "LOADED_LATENCY_S", "MAX_SPLITS", "MERGES", "MERGE_CHUNK",
     "MERGE_ROWS", "MIN_TILES_PER_SPLIT", "PROGRAMS_PER_SM", "SCALE_FREE", "SPLIT_FREE",
-    "TWO_STAGE_PROGRAMS_PER_SM", "SplitPlan", "bytes_in_flight", "cache_geometry", "capturing",
-    "choose_num_splits", "make_plan", "pick_config", "run_plan", "split_bounds",
+    "TREE_FREE", "TWO_STAGE_PROGRAMS_PER_SM", "SplitPlan", "bytes_in_flight", "cache_geometry",
+    "capturing", "choose_num_splits", "make_plan", "pick_config", "run_plan", "split_bounds",
     "variant_addresses",
 ]

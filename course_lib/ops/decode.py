@@ -22,7 +22,10 @@ length change, are one call into Triton's C launcher per kernel.
   compiled decode step keeps the kernels in its graph.
 
 Each takes an 8-bit cache too (int8 or FP8 e4m3, ``course_lib.kvquant``) with its per-token
-scales, ``k_scale`` and ``v_scale``, which the kernel applies as it reads the cache.
+scales, ``k_scale`` and ``v_scale``, which the kernel applies as it reads the cache, and a token
+tree's mask among the new queries, ``tree_mask`` (speculative decoding's verification: Miao et
+al., "SpecInfer", ASPLOS 2024, section 4.2, https://arxiv.org/abs/2305.09781), which reaches the
+kernel as one int64 of bits per node (``tree_bits``).
 
 ``validate`` decides whether the values of the lengths and block ids are read and checked
 (each function's docstring says when). The default reads nothing on a GPU, so it makes no
@@ -81,11 +84,12 @@ def _check_config(config, head_dim: int) -> dict | None:
 
 
 def _check_cache(q, k, v, lens, table, paged, num_splits, sm_scale, variant_args,
-                 kv_scales=None, lens_required=True) -> tuple:
+                 kv_scales=None, lens_required=True, tree=None) -> tuple:
     """(sm_scale, ``Variant``, D) of a call on a contiguous cache k, v (B, H_kv, N_max, D), or
     (``paged``) on pages (num_blocks, block_size, H_kv, D) and their ``table``, 8-bit with
-    ``kv_scales`` (k_scale, v_scale) or in q's dtype; TypeError or ValueError naming the
-    argument. A plan is made before any lengths exist: it passes ``lens_required=False``."""
+    ``kv_scales`` (k_scale, v_scale) or in q's dtype, with a token tree's mask ``tree`` or
+    none; TypeError or ValueError naming the argument. A plan is made before any lengths
+    exist: it passes ``lens_required=False``."""
     quantized = isinstance(k, torch.Tensor) and k.dtype in KV_QUANT_DTYPES
     if not paged:
         B, _, _, _, _, D = check_attention_inputs(q, k, v, quantized_kv=quantized)
@@ -118,7 +122,68 @@ def _check_cache(q, k, v, lens, table, paged, num_splits, sm_scale, variant_args
     variant = check_variants(q, True, *variant_args)  # causal: the window's right is 0
     tensors = {"alibi_slopes": variant.alibi_slopes, "sinks": variant.sinks}
     variant = variant._replace(**{n: t.contiguous() for n, t in tensors.items() if t is not None})
+    _check_tree(tree, q, variant)
     return check_sm_scale(sm_scale, D), variant, D
+
+
+MAX_TREE_NODES = 64  # a node's row of the tree mask travels as the bits of one int64
+
+
+def _check_tree(tree_mask, q, variant: Variant) -> None:
+    """A token tree's mask (``tree_mask``, or None): bool (N_q, N_q) for the whole batch or
+    (B, N_q, N_q), on q's device, N_q <= ``MAX_TREE_NODES``, with no window and no ALiBi (their
+    distances assume the queries form a chain); TypeError or ValueError naming it."""
+    if tree_mask is None:
+        return
+    if not isinstance(tree_mask, torch.Tensor):
+        raise TypeError(f"tree_mask must be a bool torch.Tensor or None, got "
+                        f"{type(tree_mask).__name__}")
+    if tree_mask.dtype != torch.bool:
+        raise TypeError(f"tree_mask must be bool (True where node i sees node j), got "
+                        f"{tree_mask.dtype}")
+    B, _, N_q, _ = q.shape
+    if tuple(tree_mask.shape) not in ((N_q, N_q), (B, N_q, N_q)):
+        raise ValueError(f"tree_mask must be ({N_q}, {N_q}) or ({B}, {N_q}, {N_q}) for q's "
+                         f"B = {B} and N_q = {N_q} tree nodes, got {tuple(tree_mask.shape)}")
+    if N_q > MAX_TREE_NODES:
+        raise ValueError(f"tree_mask: a tree of at most {MAX_TREE_NODES} nodes (a node's row "
+                         f"is one int64 of bits), got N_q = {N_q}")
+    if tree_mask.device != q.device:
+        raise ValueError(f"tree_mask must be on q's device {q.device}, got {tree_mask.device}")
+    if variant.window[0] >= 0:
+        raise ValueError(f"tree_mask cannot be combined with window_size {variant.window}: a "
+                         "sliding window over a token tree is not supported")
+    if variant.alibi_slopes is not None:
+        raise ValueError("tree_mask cannot be combined with alibi_slopes: ALiBi's distances "
+                         "are those of a chain of queries, not of a tree's depths")
+
+
+def check_tree_values(tree_mask: torch.Tensor) -> None:
+    """ValueError unless every node sees itself (the diagonal set) and no node sees one after
+    it (nothing above the diagonal: parents come before their children). Reads the mask back
+    to the host: on a GPU one synchronisation (what ``validate=True`` adds)."""
+    diagonal = tree_mask.diagonal(dim1=-2, dim2=-1)
+    if not bool(diagonal.all()):
+        i = int((~diagonal).nonzero()[0, -1])
+        raise ValueError(f"tree_mask must have its diagonal set (a node sees itself): "
+                         f"tree_mask[..., {i}, {i}] is False")
+    above = torch.triu(tree_mask, diagonal=1)
+    if bool(above.any()):
+        i, j = (int(x) for x in above.nonzero()[0, -2:])
+        raise ValueError(f"tree_mask[..., {i}, {j}] is True: a node sees only itself and its "
+                         "ancestors, which come before it (j <= i)")
+
+
+def tree_bits(tree_mask: torch.Tensor) -> torch.Tensor:
+    """A tree mask (..., N_q, N_q) bool as the kernel's bitmasks (..., N_q) int64: bit j of
+    entry i set iff node i sees node j. Computed on the mask's device (nothing read back).
+
+    >>> tree_bits(torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)).tolist()
+    [1, 3, 5]
+    """
+    n = tree_mask.shape[-1]
+    weights = torch.arange(n, device=tree_mask.device, dtype=torch.int64)
+    return (tree_mask.to(torch.int64) << weights).sum(-1)  # (..., N_q); bit 63 makes it < 0
 
 
 def _check_scales(k_name: str, k, v, kv_scales) -> None:
@@ -207,11 +272,13 @@ class _Bound:
     or one), and what they were bound for: the cache, its scales (None, or an 8-bit cache's
     (k_scale, v_scale)) and the variant, the cache's length and ``geometry`` (the arguments
     after the addresses), the scales' strides, what the compiled kernel depends on (the
-    integers' classes, q's strides, the block table's row stride, whether there are lengths),
-    the (out, lse) addresses. Slots: read at every step, faster than a NamedTuple's fields."""
+    integers' classes, q's strides, the block table's row stride, whether there are lengths,
+    a tree's bitmasks' row stride or None), the (out, lse) addresses. Slots: read at every
+    step, faster than a NamedTuple's fields."""
 
     __slots__ = ("k", "v", "scales", "variant", "values", "n_max", "geometry", "scale_geometry",
-                 "classes", "q_stride", "table_stride", "no_lens", "split", "merges", "outs")
+                 "classes", "q_stride", "table_stride", "no_lens", "tree_stride", "split",
+                 "merges", "outs")
 
     def __init__(self, *fields):
         for name, value in zip(self.__slots__, fields, strict=True):
@@ -236,12 +303,14 @@ class DecodePlan:
         self._device_index = q.get_device()
         self.out = self.lse = self._shapes = self._outs = None  # (``_outs``: their addresses)
         self.out_like = False  # whether torch.empty_like(q) is O's layout (``_run``)
+        self.tree_shape = None  # the shape of a planned token tree's mask (``plan_decode``)
         self._bound: _Bound | None = None  # the launches of the last step
 
     def _launch(self, q, k, v, lens, table, out, lse, n_max, variant, stream,
-                kv_scales=None) -> None:
+                kv_scales=None, bits=None) -> None:
         """One step into ``out``, ``lse`` on ``stream`` (``kv_scales``: an 8-bit cache's
-        (k_scale, v_scale)). The last step's bound launches are repeated when only addresses,
+        (k_scale, v_scale); ``bits``: a token tree's bitmasks, ``tree_bits``, (N_q,) or
+        (B, N_q)). The last step's bound launches are repeated when only addresses,
         the strides of the cache (and of its scales) and its length changed within the
         specialization classes the compiled kernel depends on (16-byte aligned addresses, each
         integer's class), with q's strides and variant, no profiler hooks and no CUDA-graph
@@ -265,13 +334,19 @@ class DecodePlan:
         if kv_scales is not None:  # an 8-bit cache: its scales' addresses and strides, too
             ksp, vsp = kv_scales[0].data_ptr(), kv_scales[1].data_ptr()
             scale_args, sa = (ksp, vsp, *scale_geometry), ksp | vsp
+        elif bits is not None:  # a tree without scales: what the launch gave in their place
+            scale_args = (p, p, 0, 0, 0, 0, 0, 0)
+        tree_stride = None
+        if bits is not None:  # a token tree: its bitmasks' address, after the scales'
+            tree_stride, bp = bits.stride(0) if bits.dim() == 2 else 0, bits.data_ptr()
+            scale_args, sa = (*scale_args, bp), sa | bp
         if b is not None and b.variant is variant:
             values, aligned = b.values, True
         else:  # (a plan's variants differ from call to call in their tensors only)
             values, aligned = kd.variant_addresses(variant)
         if (b is not None and aligned and classes == b.classes and q.stride() == b.q_stride
                 and table_stride == b.table_stride and (lens is None) is b.no_lens
-                and (kv_scales is None) is (b.scales is None)
+                and (kv_scales is None) is (b.scales is None) and tree_stride == b.tree_stride
                 and (not b.merges or b.outs == (op, sp))
                 and not (p | kp | vp | lp | tp | op | sp | sa) & 15
                 and not hooks_installed() and not _capturing(stream)):
@@ -281,21 +356,23 @@ class DecodePlan:
             return
         bind = not _capturing(stream)
         launches = kd.run_plan(self.plan, q, k, v, lens, table, self.sm_scale, out, lse,
-                               bind=bind, n_max=n_max, variant=variant, kv_scales=kv_scales)
+                               bind=bind, n_max=n_max, variant=variant, kv_scales=kv_scales,
+                               tree_bits=bits)
         self._bound = (None if not bind or launches is None else
                        _Bound(k, v, kv_scales, variant, values, n_max, geometry, scale_geometry,
-                              classes, q.stride(), table_stride, lens is None, launches[0],
-                              tuple(launches[1:]), (op, sp)))
+                              classes, q.stride(), table_stride, lens is None, tree_stride,
+                              launches[0], tuple(launches[1:]), (op, sp)))
 
     def run(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, return_lse=False,
-            *, validate=None, k_scale=None, v_scale=None):
+            *, validate=None, k_scale=None, v_scale=None, tree_mask=None):
         """One decode step into the plan's buffers: returns ``self.out`` (and ``self.lse``).
 
         ``cache_seqlens`` (B,) int32 (None: every sequence uses all N_max keys); paged plans
         need ``block_table`` (B, max_blocks) as planned and ``cache_seqlens``, int32 and
         contiguous (``run`` converts nothing). A plan of an 8-bit cache needs ``k_scale`` and
         ``v_scale`` at every step, as ``flash_decode`` does (checked where they are not the
-        last step's).
+        last step's). A plan of a token tree needs its ``tree_mask`` (bool, the planned shape,
+        on q's device) at every step, and a plan without one refuses it.
 
         ``validate`` as in ``flash_decode`` and ``paged_decode``: None (the default) checks the
         lengths and block table where that is free, on the CPU, at every step (their kind,
@@ -321,11 +398,28 @@ class DecodePlan:
             _check_scales("k_pages" if self.paged else "k_cache", k_cache, v_cache, kv_scales)
         if self.paged and (block_table is None or cache_seqlens is None):
             raise ValueError("a paged plan's run needs block_table and cache_seqlens")
+        if tree_mask is not None or self.tree_shape is not None:
+            self._check_planned_tree(tree_mask)
         if (validate or _FREE_READS) and _checks_values(validate):
             self._check_values(cache_seqlens, block_table)
+            if tree_mask is not None:
+                check_tree_values(tree_mask)
         self._launch(q, k_cache, v_cache, cache_seqlens, block_table, self.out, self.lse,
-                     self.plan.n_max, self._variant, _stream_id(self._device_index), kv_scales)
+                     self.plan.n_max, self._variant, _stream_id(self._device_index), kv_scales,
+                     None if tree_mask is None else tree_bits(tree_mask))
         return (self.out, self.lse) if return_lse else self.out
+
+    def _check_planned_tree(self, tree_mask) -> None:
+        """ValueError unless ``tree_mask`` is what the plan was made for: a bool mask of the
+        planned shape on its device, or None for a plan without a tree."""
+        if (self.tree_shape is None or not isinstance(tree_mask, torch.Tensor)
+                or tuple(tree_mask.shape) != self.tree_shape or tree_mask.dtype != torch.bool
+                or tree_mask.device != self.device):
+            planned = ("no tree_mask" if self.tree_shape is None else
+                       f"a bool tree_mask {self.tree_shape} on {self.device}")
+            got = (type(tree_mask).__name__ if not isinstance(tree_mask, torch.Tensor) else
+                   f"{tuple(tree_mask.shape)} {tree_mask.dtype} on {tree_mask.device}")
+            raise ValueError(f"this plan is for {planned}, got tree_mask {got}: make a new plan")
 
     def _check_values(self, cache_seqlens, block_table) -> None:
         """``run``'s checks of the lengths and the block table (``validate``): what the launch
@@ -358,7 +452,8 @@ def _refuse_conversion(name: str, t: torch.Tensor) -> None:
 
 def plan_decode(q, k_cache, v_cache, *, block_table=None, num_splits=None, sm_scale=None,
                 config=None, merge="auto", window_size=NO_WINDOW, softcap=0.0,
-                alibi_slopes=None, sinks=None, k_scale=None, v_scale=None) -> DecodePlan:
+                alibi_slopes=None, sinks=None, k_scale=None, v_scale=None,
+                tree_mask=None) -> DecodePlan:
     """Plan decode steps shaped like these tensors (see ``DecodePlan``).
 
     The arguments are those of ``flash_decode`` (or, with ``block_table``, of ``paged_decode``,
@@ -370,7 +465,8 @@ def plan_decode(q, k_cache, v_cache, *, block_table=None, num_splits=None, sm_sc
     ALiBi slopes and sinks it was given (contiguous ones as they are, read at every step; a
     strided one is copied once), so layers that differ in them need plans of their own. An 8-bit
     cache is planned with its scales (``k_scale``, ``v_scale``, checked as ``flash_decode``
-    checks them), and every ``run`` takes them.
+    checks them), and every ``run`` takes them; so with a token tree's ``tree_mask``: the plan
+    fixes its shape, and every ``run`` takes a mask of that shape (its values may change).
 
         plan = plan_decode(q, k_cache, v_cache)        # once per batch shape
         for step in range(n_steps):                      # then every step: only launches
@@ -382,9 +478,10 @@ def plan_decode(q, k_cache, v_cache, *, block_table=None, num_splits=None, sm_sc
     sm_scale, variant, D = _check_cache(q, k_cache, v_cache, None, block_table,
                                         block_table is not None, num_splits, sm_scale,
                                         (window_size, softcap, alibi_slopes, sinks),
-                                        _scales(k_scale, v_scale), False)
+                                        _scales(k_scale, v_scale), False, tree_mask)
     plan = _plan(None, q, k_cache, block_table, num_splits, sm_scale, variant, merge=merge,
                  config=_check_config(config, D))
+    plan.tree_shape = None if tree_mask is None else tuple(tree_mask.shape)
     plan.out = empty_output(q)
     plan.lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
     plan._outs = (plan.out.data_ptr(), plan.lse.data_ptr())
@@ -415,14 +512,15 @@ def _length_bucket(n: int) -> int:
 
 
 def _plan_key(q, k, v, lens, table, sm_scale, num_splits, variant_args,
-              operator=False, kv_scales=None) -> tuple:
+              operator=False, kv_scales=None, tree=None) -> tuple:
     """The key of the plan a call runs: everything the checks and the plan depend on, read off
     the arguments as given, so that a call whose key has a plan passes the checks that made it.
     The stream first (buffers are per stream; ``_run`` takes it from here), then the tensors'
     layouts (a contiguous cache's length by its ``_length_bucket``), the scale, and the other
     options with their types (True equals 1 but is no count), None where all are defaults;
-    last an 8-bit cache's scales (``kv_scales``): their dtypes, devices and whether their shape
-    is the cache's without D (their strides, as the cache's, are the launch's to take).
+    then an 8-bit cache's scales (``kv_scales``): their dtypes, devices and whether their shape
+    is the cache's without D (their strides, as the cache's, are the launch's to take); last a
+    token tree's mask (``tree``, or its bits in an operator's call): shape, dtype, device.
     TypeError, AttributeError or IndexError for what is no tensor, pair or dict: the checks
     then name it."""
     ks, dev = k.shape, q.get_device()
@@ -443,7 +541,8 @@ def _plan_key(q, k, v, lens, table, sm_scale, num_splits, variant_args,
             None if table is None else (table.shape, table.dtype, table.get_device()),
             type(sm_scale), sm_scale, options, operator,
             None if kv_scales is None else tuple((t.dtype, t.get_device(), t.shape == ks[:3])
-                                                 for t in kv_scales))
+                                                 for t in kv_scales),
+            None if tree is None else (tree.shape, tree.dtype, tree.get_device()))
 
 
 def _plan(key, q, k, table, num_splits, sm_scale, variant, operator=False, merge="auto",
@@ -469,10 +568,11 @@ def _plan(key, q, k, table, num_splits, sm_scale, variant, operator=False, merge
 
 
 def _run(plan, q, k, v, lens, table, n_max, alibi_slopes, sinks, return_lse, stream,
-         kv_scales=None):
+         kv_scales=None, bits=None):
     """(o, lse) of one call by ``plan`` on ``stream`` (``_stream_id``): o new, and lse new
     unless it is not returned (then a buffer of the plan). ``n_max``: the cache's true length
-    (the plan's may be longer); ``kv_scales``: an 8-bit cache's (k_scale, v_scale)."""
+    (the plan's may be longer); ``kv_scales``: an 8-bit cache's (k_scale, v_scale); ``bits``:
+    a token tree's bitmasks (``tree_bits``)."""
     out = torch.empty_like(q) if plan.out_like else empty_output(q)
     if return_lse or plan.lse is None:
         lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
@@ -485,7 +585,7 @@ def _run(plan, q, k, v, lens, table, n_max, alibi_slopes, sinks, return_lse, str
         variant = plan._variant = variant._replace(
             alibi_slopes=None if alibi_slopes is None else alibi_slopes.contiguous(),
             sinks=None if sinks is None else sinks.contiguous())
-    plan._launch(q, k, v, lens, table, out, lse, n_max, variant, stream, kv_scales)
+    plan._launch(q, k, v, lens, table, out, lse, n_max, variant, stream, kv_scales, bits)
     return out, lse
 
 
@@ -495,7 +595,7 @@ def _run(plan, q, k, v, lens, table, n_max, alibi_slopes, sinks, return_lse, str
 
 def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm_scale=None,
                  return_lse=False, validate=None, window_size=NO_WINDOW, softcap=0.0,
-                 alibi_slopes=None, sinks=None, k_scale=None, v_scale=None):
+                 alibi_slopes=None, sinks=None, k_scale=None, v_scale=None, tree_mask=None):
     """Flash-Decoding: attention of a few query tokens to a KV cache, split over the keys.
 
     q (B, H, N_q, D); k_cache, v_cache (B, H_kv, N_max, D) with H a multiple of H_kv (GQA);
@@ -522,6 +622,14 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm
     (exactly) and applies the scales outside its products. Scales are required with an 8-bit
     cache and refused with any other.
 
+    A token tree (speculative decoding's verification, ``course_lib.serving.speculative``):
+    ``tree_mask`` bool (N_q, N_q) for every sequence, or (B, N_q, N_q), N_q <= 64, as
+    ``speculative.tree_mask`` makes it. The N_q queries are the tree's nodes, whose keys are the
+    last N_q of each sequence's cache, in node order (parents before children); node i sees
+    every key before them and, of theirs, node j where tree_mask[i, j] (j is i or one of its
+    ancestors). The mask of a chain is the causal mask and gives the plain call's answer bit
+    for bit. Not with a window or ALiBi (a ValueError).
+
     validate: whether the lengths' values are checked, every L_b in [0, N_max] (else a
     ValueError naming cache_seqlens). None (the default): where that costs nothing, on the CPU
     (not while torch.compile traces); on a GPU the call reads nothing back, so it makes no
@@ -530,16 +638,19 @@ def flash_decode(q, k_cache, v_cache, cache_seqlens=None, num_splits=None, *, sm
     False: never. A length nothing checked is clamped into [0, N_max] by the kernel:
     L_b > N_max gives the attention over all N_max keys of the sequence's cache (queries
     aligned to its end), L_b < 0 that over no key (o = 0, lse = −inf, or the sink's logit).
-    A wrong answer without an error, but never a read outside the cache.
+    A wrong answer without an error, but never a read outside the cache. A tree mask's values
+    are checked when the lengths' are: every node sees itself and none sees a later node (a
+    ValueError naming tree_mask); unchecked, a bit above the diagonal is ignored (causal).
     """
     return _decode(q, k_cache, v_cache, cache_seqlens, None, num_splits, sm_scale, return_lse,
                    validate, (window_size, softcap, alibi_slopes, sinks),
-                   kv_scales=_scales(k_scale, v_scale))
+                   kv_scales=_scales(k_scale, v_scale), tree=tree_mask)
 
 
 def paged_decode(q, k_pages, v_pages, block_table, cache_seqlens, num_splits=None, *,
                  sm_scale=None, return_lse=False, validate=None, window_size=NO_WINDOW,
-                 softcap=0.0, alibi_slopes=None, sinks=None, k_scale=None, v_scale=None):
+                 softcap=0.0, alibi_slopes=None, sinks=None, k_scale=None, v_scale=None,
+                 tree_mask=None):
     """PagedAttention decode: like ``flash_decode``, with K/V stored in fixed-size pages.
 
     q (B, H, N_q, D); k_pages, v_pages (num_blocks, block_size, H_kv, D), the layout of vLLM and
@@ -547,7 +658,8 @@ def paged_decode(q, k_pages, v_pages, block_table, cache_seqlens, num_splits=Non
     block_table (B, max_blocks) int32 maps sequence b's logical block j (keys j·block_size …)
     to a physical block; cache_seqlens (B,) int32. Entries past a sequence's last block are
     ignored. Returns what ``flash_decode`` returns on the same logical data, with the same
-    variants' keywords (a window reads only the pages that hold its keys). An 8-bit cache's
+    variants' keywords (a window reads only the pages that hold its keys) and ``tree_mask``
+    (the tree's nodes: the last N_q keys of each sequence's pages). An 8-bit cache's
     ``k_scale`` and ``v_scale`` are paged as it is: (num_blocks, block_size, H_kv) fp32.
 
     validate: as ``flash_decode``'s, for the lengths, within [0, max_blocks·block_size], and
@@ -560,31 +672,35 @@ def paged_decode(q, k_pages, v_pages, block_table, cache_seqlens, num_splits=Non
     """
     return _decode(q, k_pages, v_pages, cache_seqlens, block_table, num_splits, sm_scale,
                    return_lse, validate, (window_size, softcap, alibi_slopes, sinks), paged=True,
-                   kv_scales=_scales(k_scale, v_scale))
+                   kv_scales=_scales(k_scale, v_scale), tree=tree_mask)
 
 
 def _decode(q, k, v, lens, table, num_splits, sm_scale, return_lse, validate, variant_args,
-            paged=False, kv_scales=None):
+            paged=False, kv_scales=None, tree=None):
     """``flash_decode`` and (``paged``) ``paged_decode``: the plan kept under the call's key,
     or the checks and a new plan; then one step by it (by the operator under torch.compile).
-    ``kv_scales``: an 8-bit cache's (k_scale, v_scale), or None."""
+    ``kv_scales``: an 8-bit cache's (k_scale, v_scale), or None; ``tree``: a token tree's
+    bool mask, or None."""
     compiling, key, plan = torch.compiler.is_compiling(), None, None
     if not compiling:
         try:
             key = _plan_key(q, k, v, lens, table, sm_scale, num_splits, variant_args,
-                            kv_scales=kv_scales)
+                            kv_scales=kv_scales, tree=tree)
             plan = _PLANS.get(key)
         except (AttributeError, IndexError, TypeError):  # the checks below name the argument
             key = None
     if plan is None:  # the checks (a plan is kept only for a key whose checks passed)
         sm_scale, variant, _ = _check_cache(q, k, v, lens, table, paged, num_splits, sm_scale,
-                                            variant_args, kv_scales)
+                                            variant_args, kv_scales, True, tree)
     num_blocks, page_size, n_max = _sizes(k, table)
     if (validate or _FREE_READS) and _checks_values(validate):
         if paged:
             check_block_table(table, lens, num_blocks, page_size, n_max)
         elif lens is not None:
             check_cache_seqlens(lens, n_max)
+        if tree is not None:
+            check_tree_values(tree)
+    bits = None if tree is None else tree_bits(tree)
     if lens is not None:
         lens = _int32(lens)
     if paged:
@@ -593,12 +709,12 @@ def _decode(q, k, v, lens, table, num_splits, sm_scale, return_lse, validate, va
         args = (q, k, v, table, lens) if paged else (q, k, v, lens)
         op = torch.ops.course.paged_decode if paged else torch.ops.course.flash_decode
         o, lse = op(*args, num_splits or 0, sm_scale, variant.window[0], variant.softcap,
-                    variant.alibi_slopes, variant.sinks, *(kv_scales or (None, None)))
+                    variant.alibi_slopes, variant.sinks, *(kv_scales or (None, None)), bits)
     else:
         plan = plan or _plan(key, q, k, table, num_splits, sm_scale, variant)
         o, lse = _run(plan, q, k, v, lens, table, n_max, variant_args[2], variant_args[3],
                       return_lse, _stream_id(q.get_device()) if key is None else key[0],
-                      kv_scales)
+                      kv_scales, bits)
     return (o, lse) if return_lse else o
 
 
@@ -607,17 +723,18 @@ def _decode(q, k, v, lens, table, num_splits, sm_scale, return_lse, validate, va
 # ---------------------------------------------------------------------------------------------
 
 def _op_call(q, k, v, lens, table, num_splits, sm_scale, window_left, softcap, alibi_slopes,
-             sinks, k_scale=None, v_scale=None):
-    """(o, lse) of an operator's checked arguments; num_splits 0: chosen."""
+             sinks, k_scale=None, v_scale=None, bits=None):
+    """(o, lse) of an operator's checked arguments; num_splits 0: chosen; ``bits``: a token
+    tree's bitmasks (``tree_bits``)."""
     variant = Variant((window_left, 0), softcap, alibi_slopes, sinks)
     kv_scales = _scales(k_scale, v_scale)
     key = _plan_key(q, k, v, lens, table, sm_scale, num_splits, variant, operator=True,
-                    kv_scales=kv_scales)
+                    kv_scales=kv_scales, tree=bits)
     plan = _PLANS.get(key) or _plan(key, q, k, table, num_splits or None, sm_scale, variant,
                                     operator=True)
     n_max = _sizes(k, table)[2]
     return _run(plan, q, k, v, lens, table, n_max, alibi_slopes, sinks, True, key[0],
-                kv_scales)
+                kv_scales, bits)
 
 
 def _fake_outputs(q, *_):
@@ -629,10 +746,12 @@ def _flash_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Te
                   num_splits: int, sm_scale: float, window_left: int = -1,
                   softcap: float = 0.0, alibi_slopes: Tensor | None = None,
                   sinks: Tensor | None = None, k_scale: Tensor | None = None,
-                  v_scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """(o, lse) of ``flash_decode`` on checked inputs (an 8-bit cache with its scales)."""
+                  v_scale: Tensor | None = None,
+                  tree_bits: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(o, lse) of ``flash_decode`` on checked inputs (an 8-bit cache with its scales; a token
+    tree as its int64 bitmasks, ``tree_bits`` of its mask)."""
     return _op_call(q, k_cache, v_cache, cache_seqlens, None, num_splits, sm_scale, window_left,
-                    softcap, alibi_slopes, sinks, k_scale, v_scale)
+                    softcap, alibi_slopes, sinks, k_scale, v_scale, tree_bits)
 
 
 @operator(_fake_outputs)
@@ -640,12 +759,13 @@ def _paged_decode(q: Tensor, k_pages: Tensor, v_pages: Tensor, block_table: Tens
                   cache_seqlens: Tensor, num_splits: int, sm_scale: float,
                   window_left: int = -1, softcap: float = 0.0,
                   alibi_slopes: Tensor | None = None, sinks: Tensor | None = None,
-                  k_scale: Tensor | None = None,
-                  v_scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """(o, lse) of ``paged_decode`` on checked inputs (an 8-bit cache with its scales)."""
+                  k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+                  tree_bits: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(o, lse) of ``paged_decode`` on checked inputs (an 8-bit cache with its scales; a token
+    tree as its int64 bitmasks, ``tree_bits`` of its mask)."""
     return _op_call(q, k_pages, v_pages, cache_seqlens, block_table, num_splits, sm_scale,
-                    window_left, softcap, alibi_slopes, sinks, k_scale, v_scale)
+                    window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, tree_bits)
 
 
-__all__ = ["DecodePlan", "check_cache_seqlens", "flash_decode", "forget_plans", "paged_decode",
-           "plan_decode"]
+__all__ = ["DecodePlan", "MAX_TREE_NODES", "check_cache_seqlens", "check_tree_values",
+           "flash_decode", "forget_plans", "paged_decode", "plan_decode", "tree_bits"]

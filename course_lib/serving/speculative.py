@@ -43,6 +43,9 @@ transformers model, without a KV cache, under a 4D mask (0 where a query sees a 
 elsewhere) that transformers takes as it is for its "eager" and "sdpa" attention. With a cache,
 the tree's queries see every cached key and the tree mask among themselves:
 ``tree_attention_mask``, and ``attention_with_tree`` is the fp32 reference of that attention.
+``tree_decode`` runs it with the course's decode kernel: the tree's keys are the cache's last
+entries, and the kernel reads the tree mask as one int64 of bits per node (FlashInfer's custom
+masks play this part in vLLM and SGLang, https://docs.flashinfer.ai).
 """
 from __future__ import annotations
 
@@ -51,6 +54,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from course_lib.ops import flash_decode
 from course_lib.reference import expand_kv
 
 # ---------------------------------------------------------------------------------------------
@@ -176,6 +180,19 @@ def attention_with_tree(q, k_cache, v_cache, k_tree, v_tree, mask, sm_scale=None
     s = s.masked_fill(~visible.to(s.device), float("-inf"))  # every row sees its own key
     p = torch.softmax(s, dim=-1)  # (B, H, n, N_cache + n)
     return torch.matmul(p, v)  # (B, H, n, D)
+
+
+def tree_decode(q, k_cache, v_cache, tree: TokenTree, cache_seqlens=None, **kwargs):
+    """The tree's attention by the decode kernel: ``flash_decode(..., tree_mask=tree_mask(tree))``.
+
+    q (B, H, n, D): one query per node. k_cache, v_cache (B, H_kv, N_max, D) hold, for sequence
+    b, the cached keys and then the tree's n keys in node order: its first L_b entries
+    (``cache_seqlens``, None: all N_max), the tree's the last n of them. Returns O (B, H, n, D)
+    in q's dtype: ``attention_with_tree`` on the cache's first L_b - n keys and the tree's.
+    ``kwargs``: ``flash_decode``'s (num_splits, sm_scale, return_lse, ...).
+    """
+    return flash_decode(q, k_cache, v_cache, cache_seqlens,
+                        tree_mask=tree_mask(tree).to(q.device), **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1186,6 +1186,11 @@ def _facts_readme(add, load) -> None:
         "data/decode.json paged / flash latency (graph), every shape", runs=_PAGED_RUN)
     add("matmul_ratio", f"{mm['ratio']:.2f}×", "README",
         "data/matmul.json headline: course / cuBLAS TFLOP/s, 4096³ fp16")
+    cascade = {(r["B"], r["P"]): r for r in load("cascade")["rows"]}
+    for P, tag in ((4096, "4k"), (16384, "16k")):
+        add(f"cascade_64_{tag}", f"{cascade[(64, P)]['speedup_graph']:.2f}×", "README",
+            f"data/cascade.json B 64, P {P}: whole-context paged_decode / cascade_decode time, "
+            "CUDA graphs")
     add("mem_math_peak_gib", f"{mem['sdpa-MATH']['peak_bytes'] / 2**30:.1f} GiB", "README",
         "data/memory.json N 16384 SDPA MATH peak")
     add("mem_v2_peak_gib", f"{mem['flash_attn_v2']['peak_bytes'] / 2**30:.2f} GiB", "README",
@@ -1331,7 +1336,7 @@ def readme_measured(f: dict | None = None) -> str:
     fwd, llama = (load_result(n) for n in ("attention_fwd", "llama"))
     envs = sorted({environment_line(load_result(n)) for n in
                    ("attention_fwd", "attention_bwd", "decode", "hbm", "matmul", "memory",
-                    "llama", "dropin", "capstone_compiled")})
+                    "llama", "dropin", "capstone_compiled", "cascade")})
     cap = load_result("capstone_compiled")
     cap_prompts = [r["prompt"] for r in cap["rows"]]
     shape = (f"B·N = {fwd['tokens'] // 1024}k, H·D = {fwd['hidden']}, fp16; "
@@ -1378,6 +1383,10 @@ def readme_measured(f: dict | None = None) -> str:
         "`flash_attn_v2` time", EAGER,
         f"FLASH_ATTENTION: D 80 {t('drop_d80_fa2')}, D 96 {t('drop_d96_fa2')}; "
         f"CUDNN_ATTENTION: D 80 {t('drop_d80_cudnn')}, D 96 {t('drop_d96_cudnn')}")
+    row("cascade attention: 64 requests decode after a shared 4k-token prefix (256 tokens of "
+        "their own; H 32, H_kv 8, D 128, fp16), `paged_decode` over each whole context / "
+        "`cascade_decode`", f"{GRAPH}, 5 rounds in turns",
+        f"{t('cascade_64_4k')} (a 16k prefix: {t('cascade_64_16k')})")
     row("Triton matmul / cuBLAS, 4096³ fp16", EAGER, t("matmul_ratio"))
     row("peak memory, forward + backward, N 16k (B 1, H 16, D 64)",
         "`torch.cuda.max_memory_allocated` above the inputs",

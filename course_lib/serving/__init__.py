@@ -33,6 +33,7 @@ from course_lib.serving.speculative import (
     accept_tree,
     draft_tree,
     tree_attention_mask,
+    tree_decode,
     tree_mask,
     tree_positions,
     verify_tree,
@@ -53,5 +54,6 @@ def __getattr__(name):
 
 __all__ = ["FINISHED", "RUNNING", "WAITING", "Acceptance", "Batch", "Chunk", "PrefixCache",
            "Request", "Scheduler", "StepRecord", "TokenTree", "accept_greedy", "accept_tree",
-           "block_hash", "draft_tree", "tree_attention_mask", "tree_mask", "tree_positions",
+           "block_hash", "draft_tree", "tree_attention_mask", "tree_decode", "tree_mask",
+           "tree_positions",
            "verify_tree", *_ENGINE]

@@ -278,6 +278,16 @@ def test_varlen_over_pages_names_a_bad_argument():
     with pytest.raises(ValueError, match="k must be pages"):
         flash_attn_varlen(q, fresh_randn(8, 4, 1, 16).transpose(0, 1), pages, cu_q, cu_k, 2,
                           12, True, block_table=table)
+    # values nothing checked (validate=False): clamped into the table and the pool, no read
+    # outside them; a block id past the pool reads its last page
+    o = flash_attn_varlen(q, pages, pages, cu_q, cu_k, 2, 12, True, block_table=bad,
+                          validate=False)
+    ref = flash_attn_varlen(q, pages, pages, cu_q, cu_k, 2, 12, True, block_table=torch.tensor(
+        [[0, -1], [1, 3]], dtype=torch.int32, device=dev))
+    torch.testing.assert_close(o, ref)
+    long_k = torch.tensor([0, 5, 40], dtype=torch.int32, device=dev)  # past the table's 16
+    assert torch.isfinite(flash_attn_varlen(q, pages, pages, cu_q, long_k, 2, 40, True,
+                                            block_table=table, validate=False)).all()
     with pytest.raises(NotImplementedError, match="no backward"):
         flash_attn_varlen(q.requires_grad_(), pages, pages, cu_q, cu_k, 2, 12, True,
                           block_table=table)

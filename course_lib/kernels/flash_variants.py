@@ -72,9 +72,15 @@ from course_lib.masks import Variant
 def _key_rows(offs_n, table, N_K, PAGE_SIZE: tl.constexpr):
     """Where keys ``offs_n`` of a sequence lie, in rows of K and V: the keys themselves, or in
     a paged cache (PAGE_SIZE > 0) row ``table[n // PAGE_SIZE]·PAGE_SIZE + n % PAGE_SIZE`` of
-    the pages (PagedAttention's layout). Keys past N_K read the table's entry 0 (masked)."""
+    the pages (PagedAttention's layout). ``table``: (the sequence's row of the block table,
+    the pages, the row's length). Keys past N_K read entry 0 (masked); an entry or a block id
+    out of range is clamped into the table and the pool: a wrong answer, never a read outside
+    them (the decode's rule)."""
     if PAGE_SIZE > 0:
-        page = tl.load(table + offs_n // PAGE_SIZE, mask=offs_n < N_K, other=0).to(tl.int64)
+        row, num_pages, max_blocks = table
+        entry = tl.minimum(offs_n // PAGE_SIZE, max_blocks - 1)
+        page = tl.load(row + entry, mask=offs_n < N_K, other=0).to(tl.int64)
+        page = tl.minimum(tl.maximum(page, 0), num_pages - 1)
         return page * PAGE_SIZE + offs_n % PAGE_SIZE
     else:
         return offs_n
@@ -107,7 +113,7 @@ def _variants_inner(acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_vn, offs
 
 @triton.jit
 def _flash_fwd_variants_kernel(
-    Q, K, V, O, LSE, CU_Q, CU_K, TABLE, stride_tb,
+    Q, K, V, O, LSE, CU_Q, CU_K, TABLE,
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
@@ -118,8 +124,9 @@ def _flash_fwd_variants_kernel(
     STORE_LSE: tl.constexpr = True, VARLEN: tl.constexpr = False, PAGE_SIZE: tl.constexpr = 0,
 ):
     """``VARIANT``: the call's variants (``band.variant_args``); ``VARIANT_KIND`` which of them
-    it has, for the autotuner's key. PAGE_SIZE > 0: K and V are pages, and row b of TABLE
-    (B, max_blocks) maps sequence b's key blocks to them."""
+    it has, for the autotuner's key. PAGE_SIZE > 0: K and V are pages, and TABLE = (the block
+    table (B, max_blocks), its row stride, the pages, max_blocks) maps sequence b's key blocks
+    to them."""
     pid_m, pid_bh, b, h, h_kv = _q_block_program(H, GROUP, LONGEST_FIRST)
     start_m = pid_m * BLOCK_M
     HEAD_DIM_PAD: tl.constexpr = triton.next_power_of_2(HEAD_DIM)
@@ -129,7 +136,8 @@ def _flash_fwd_variants_kernel(
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     d_ok = offs_d[None, :] < HEAD_DIM
     q_start, k_start, N_Q, N_K = _sequence(CU_Q, CU_K, b, N_Q, N_K, VARLEN)  # (packed: its rows)
-    table = TABLE + b.to(tl.int64) * stride_tb  # (paged: its block table's row)
+    table_ptr, stride_tb, num_pages, max_blocks = TABLE
+    table = (table_ptr + b.to(tl.int64) * stride_tb, num_pages, max_blocks)  # (paged: its row)
     if PAGE_SIZE > 0:
         k_start = 0  # a paged sequence's keys are found through its table
     q_base = Q + b.to(tl.int64) * stride_qb + q_start * stride_qm + h.to(tl.int64) * stride_qh
@@ -201,7 +209,8 @@ def _launch(q, k, v, o, lse, sm_scale, variant, B, N_Q, N_K, strides, cu=None, t
     lse_arg = o if lse is None else lse  # (never written without STORE_LSE)
     values, kind = variant_args(variant)
     args = (q, k, v, o, lse_arg, *(cu or (lse_arg, lse_arg)),
-            *((table, table.stride(0)) if table is not None else (lse_arg, 0)), *strides, values,
+            (table, table.stride(0), k.shape[0], table.shape[1]) if table is not None
+            else (lse_arg, 0, 1, 1), *strides, values,
             float(sm_scale), H, H // H_KV, N_Q, N_K, next_pow2(max(N_Q, N_K)))
     meta = dict(HEAD_DIM=D, LONGEST_FIRST=tuple(variant.window) == (-1, 0), VARIANT_KIND=kind,
                 DOT_PRECISION=dot_precision(q.dtype), STORE_LSE=lse is not None, VARLEN=bool(cu),

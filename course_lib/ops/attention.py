@@ -287,6 +287,9 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     page_size]`` at slot ``n % page_size`` (the offsets give lengths only). A serving engine's
     mixed step runs this way (lesson 16): prefill chunks and decode tokens in one call, each
     against its sequence's whole cache. Forward only: no gradient flows through a paged cache.
+    ``validate`` then checks the key counts against the table and every block id in use
+    (``paged_decode``'s rule); values nothing checked are clamped by the kernel into the table
+    and the pool: a wrong answer, never a read outside them.
     """
     if block_table is not None:
         return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,

@@ -475,3 +475,38 @@ def test_gpu_planned_quantized_steps_repeat_the_bound_launch_and_replay(fmt, mon
         graph.replay()
         torch.testing.assert_close(graph_plan.out, slow.run(qi, k_q, v_q, lens, k_scale=ks,
                                                             v_scale=vs), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn], ids=["int8", "e4m3"])
+def test_varlen_over_8bit_pages_equals_the_dequantised_pages(dtype):
+    """A serving step over an 8-bit paged cache (``flash_attn_varlen(block_table=, k_scale=,
+    v_scale=)``): prefill chunks and decode tokens, GQA, a window and a softcap, against the
+    same call on the dequantised pages (fp32)."""
+    import itertools
+
+    from course_lib.kvquant import dequantize_kv, quantize_kv
+    from course_lib.ops import flash_attn_varlen
+
+    lens_q, lens_k = [5, 1, 0, 13], [9, 37, 3, 13]
+    H, H_kv, D, page, num_blocks = 4, 2, 32, 8, 24
+    dev = fresh_randn(1).device
+    cu_q = torch.tensor([0, *itertools.accumulate(lens_q)], dtype=torch.int32, device=dev)
+    cu_k = torch.tensor([0, *itertools.accumulate(lens_k)], dtype=torch.int32, device=dev)
+    q = fresh_randn(sum(lens_q), H, D)
+    k_pages, v_pages = (fresh_randn(num_blocks, page, H_kv, D) for _ in "kv")
+    order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(0))
+    table = order[:4 * 5].view(4, 5).to(torch.int32).to(dev)  # 5 pages of 8 keys each
+    (kq, ks), (vq, vs) = quantize_kv(k_pages, dtype), quantize_kv(v_pages, dtype)
+    for window, softcap in (((-1, -1), 0.0), ((6, 0), 2.0)):
+        o = flash_attn_varlen(q, kq, vq, cu_q, cu_k, 13, 37, True, 0.25, window_size=window,
+                              softcap=softcap, block_table=table, k_scale=ks, v_scale=vs)
+        ref = flash_attn_varlen(q, dequantize_kv(kq, ks), dequantize_kv(vq, vs), cu_q, cu_k,
+                                13, 37, True, 0.25, window_size=window, softcap=softcap,
+                                block_table=table)
+        print(f"{dtype} window {window}: max |o - o(dequantised)| "
+              f"{(o - ref).abs().max().item():.1e}")
+        torch.testing.assert_close(o, ref, atol=2e-5, rtol=2e-5)
+    with pytest.raises(ValueError, match="k_scale is required"):
+        flash_attn_varlen(q, kq, vq, cu_q, cu_k, 13, 37, True, block_table=table, v_scale=vs)
+    with pytest.raises(ValueError, match="pass block_table too"):
+        flash_attn_varlen(q, q[:, :2], q[:, :2], cu_q, cu_q, 13, 13, k_scale=ks, v_scale=vs)

@@ -466,3 +466,36 @@ def test_engine_refuses_sinks(serving):
     engine.add_request([1, 2, 3], 2)
     with pytest.raises(NotImplementedError, match="sinks"):
         engine.run()
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.int8, torch.float8_e4m3fn], ids=["int8", "e4m3"])
+def test_an_8bit_cache_against_the_models_own(serving, kv_dtype):
+    """The same requests through two engines in lockstep, the model's fp32 cache and an 8-bit
+    one (a scale per token and head): the logits' largest difference while the tokens agree,
+    and how many greedy tokens agree, printed and bounded."""
+    cap = serving.capstone
+    model = cap.make_llama(cap.small_config("llama"), attn_implementation="eager")
+    requests = _workload(8, 3, 8, model.config.vocab_size)
+    engines = [serving.engine.Engine(model, num_blocks=64, block_size=8, max_tokens_per_step=16,
+                                     max_running=6, kv_dtype=dtype)
+               for dtype in (None, kv_dtype)]
+    for engine in engines:
+        for p, m, a in requests:
+            engine.add_request(p, m, arrival_step=a)
+    def outputs(e):
+        return {r.request_id: list(r.output) for r in e.scheduler.requests.values()}
+
+    errors = []
+    while engines[0].scheduler.has_unfinished() and outputs(engines[0]) == outputs(engines[1]):
+        batches = [engine.step() for engine in engines]  # the same histories, the same steps
+        if batches[0].sample_indices:
+            errors.append((engines[1].logits - engines[0].logits).abs().max().item())
+    for engine in engines:
+        engine.run()
+    outs = [outputs(e) for e in engines]
+    same = sum(a == b for rid in outs[0] for a, b in zip(outs[0][rid], outs[1][rid]))
+    total = sum(len(o) for o in outs[0].values())
+    print(f"{kv_dtype}: logits' largest difference {max(errors):.3f} over {len(errors)} steps; "
+          f"greedy tokens agree {same} of {total}")
+    assert max(errors) < (0.1 if kv_dtype == torch.int8 else 0.5)
+    assert same >= 0.8 * total

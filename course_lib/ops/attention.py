@@ -49,9 +49,12 @@ from course_lib.masks import NO_WINDOW, Variant, check_variants
 from course_lib.ops.impl import IMPLS, best_impl, check_impl  # noqa: F401 (IMPLS re-exported)
 from course_lib.ops.library import operator
 from course_lib.validate import (
+    GPU_DTYPES,
+    KV_QUANT_DTYPES,
     check_attention_inputs,
     check_block_table,
     check_int_tensor,
+    check_kv_scale,
     check_sm_scale,
     check_tensor,
     check_varlen,
@@ -270,7 +273,7 @@ def check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
 def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                       causal=False, sm_scale=None, *, window_size=NO_WINDOW, softcap=0.0,
                       alibi_slopes=None, sinks=None, return_lse=False, validate=None,
-                      block_table=None):
+                      block_table=None, k_scale=None, v_scale=None):
     """Attention over packed sequences of different lengths (FlashAttention's
     ``flash_attn_varlen_func``), forward and backward.
 
@@ -289,12 +292,16 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     against its sequence's whole cache. Forward only: no gradient flows through a paged cache.
     ``validate`` then checks the key counts against the table and every block id in use
     (``paged_decode``'s rule); values nothing checked are clamped by the kernel into the table
-    and the pool: a wrong answer, never a read outside them.
+    and the pool: a wrong answer, never a read outside them. The pages may be 8-bit (int8 or
+    FP8 e4m3, ``course_lib.kvquant``) with ``k_scale`` and ``v_scale``, fp32 (num_blocks,
+    page_size, H_kv), one scale per token and head, applied as the kernel reads them.
     """
     if block_table is not None:
         return _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              causal, sm_scale, window_size, softcap, alibi_slopes, sinks,
-                             return_lse, validate, block_table)
+                             return_lse, validate, block_table, k_scale, v_scale)
+    if k_scale is not None or v_scale is not None:
+        raise ValueError("k_scale and v_scale are for 8-bit pages: pass block_table too")
     D = check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, validate)
     sm_scale = check_sm_scale(sm_scale, D)
     batch = q.transpose(0, 1)[None].expand(cu_seqlens_q.shape[0] - 1, -1, -1, -1)  # (B, H, ..)
@@ -306,10 +313,17 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 
 def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                   sm_scale, window_size, softcap, alibi_slopes, sinks, return_lse, validate,
-                  block_table):
+                  block_table, k_scale=None, v_scale=None):
     """``flash_attn_varlen`` on a paged k and v: the checks, then the operator."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t, 3 if name == "q" else 4)
+    quantized = isinstance(k, torch.Tensor) and k.dtype in KV_QUANT_DTYPES
+    check_tensor("q", q, 3)
+    for name, t in (("k", k), ("v", v)):
+        check_tensor(name, t, 4, KV_QUANT_DTYPES if quantized else GPU_DTYPES)
+    for name, scale, cache in (("k_scale", k_scale, k), ("v_scale", v_scale, v)):
+        check_kv_scale(name, scale, name[0], cache)
+        if scale is not None and scale.stride() != (scale.shape[1] * scale.shape[2],
+                                                     scale.shape[2], 1):
+            raise ValueError(f"{name} must be contiguous, got strides {scale.stride()}")
     if k.shape != v.shape:
         raise ValueError(
             f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
@@ -321,7 +335,7 @@ def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     if any(t.requires_grad for t in (q, k, v)) and torch.is_grad_enabled():
         raise NotImplementedError("block_table: attention over a paged cache has no backward")
     check_attention_inputs(q.transpose(0, 1)[None], k[:1, :1].flatten(0, 1).transpose(0, 1)[None],
-                           v[:1, :1].flatten(0, 1).transpose(0, 1)[None])
+                           v[:1, :1].flatten(0, 1).transpose(0, 1)[None], quantized_kv=quantized)
     B = check_varlen(q, q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_q)
     check_int_tensor("block_table", block_table, B, q.device, ndim=2,
                      shape=f"({B}, max_blocks) (one row per sequence)")
@@ -347,7 +361,7 @@ def _varlen_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     variant = check_variants(batch, causal, window_size, softcap, alibi_slopes, sinks)
     o, lse = _flash_attn_varlen_paged_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, block_table,
                                           int(max_seqlen_q), int(max_seqlen_k), sm_scale,
-                                          *_op_args(variant))
+                                          *_op_args(variant), k_scale, v_scale)
     return (o, lse) if return_lse else o
 
 
@@ -435,10 +449,12 @@ def _flash_attn_varlen_paged_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: 
                                  cu_seqlens_k: Tensor, block_table: Tensor, max_seqlen_q: int,
                                  max_seqlen_k: int, sm_scale: float, window_left: int,
                                  window_right: int, softcap: float, alibi_slopes: Tensor | None,
-                                 sinks: Tensor | None) -> tuple[Tensor, Tensor]:
+                                 sinks: Tensor | None, k_scale: Tensor | None = None,
+                                 v_scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
     variant = Variant((window_left, window_right), softcap, alibi_slopes, sinks)
     return forward_variants_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                   max_seqlen_k, sm_scale, variant, block_table=block_table)
+                                   max_seqlen_k, sm_scale, variant, block_table=block_table,
+                                   kv_scales=None if k_scale is None else (k_scale, v_scale))
 
 
 @operator(_grads_fake)

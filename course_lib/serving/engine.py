@@ -55,8 +55,10 @@ from dataclasses import dataclass
 
 import torch
 
+from course_lib.kvquant import quantize_kv
 from course_lib.ops import flash_attn_varlen
 from course_lib.serving.scheduler import Batch, Scheduler
+from course_lib.validate import KV_QUANT_DTYPES
 
 try:
     from transformers import AttentionInterface
@@ -81,6 +83,8 @@ class PagedStep:
     cu_seqlens_k: torch.Tensor   # (B + 1,) int32: differences are the key counts L_b
     max_seqlen_q: int
     max_seqlen_k: int
+    k_scales: list | None = None  # 8-bit pages: per layer, (num_blocks, block_size, H_kv) fp32
+    v_scales: list | None = None
 
 
 def paged_attention_forward(module, query, key, value, attention_mask, scaling=None,
@@ -103,8 +107,21 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
     k_pages = paged_step.k_pages[module.layer_idx]  # (num_blocks, block_size, H_kv, D)
     v_pages = paged_step.v_pages[module.layer_idx]
     # 1. this step's rows into their slots (a view of the pages: written in place)
-    k_pages.view(-1, H_kv, D).index_copy_(0, paged_step.slots, key[0].transpose(0, 1))
-    v_pages.view(-1, H_kv, D).index_copy_(0, paged_step.slots, value[0].transpose(0, 1))
+    key, value = key[0].transpose(0, 1), value[0].transpose(0, 1)  # (N, H_kv, D)
+    scales = {}
+    if k_pages.dtype in KV_QUANT_DTYPES:  # an 8-bit cache: each row quantised as it is written
+        for name, rows, pages in (("k", key, k_pages), ("v", value, v_pages)):
+            rows, scale = quantize_kv(rows, pages.dtype)  # scale (N, H_kv)
+            scales[f"{name}_scale"] = getattr(paged_step, f"{name}_scales")[module.layer_idx]
+            scales[f"{name}_scale"].view(-1, H_kv).index_copy_(0, paged_step.slots, scale)
+            if name == "k":
+                key = rows
+            else:
+                value = rows
+    for pages, rows in ((k_pages, key), (v_pages, value)):
+        if pages.dtype in KV_QUANT_DTYPES:  # 8-bit rows copied as bytes (index_copy_ has no e4m3)
+            pages, rows = pages.view(torch.uint8), rows.view(torch.uint8)
+        pages.view(-1, H_kv, D).index_copy_(0, paged_step.slots, rows)
     # 2. every chunk against its request's whole cache, one call
     window = kwargs.get("sliding_window")
     out = flash_attn_varlen(
@@ -112,7 +129,8 @@ def paged_attention_forward(module, query, key, value, attention_mask, scaling=N
         k_pages, v_pages, paged_step.cu_seqlens_q, paged_step.cu_seqlens_k,
         paged_step.max_seqlen_q, paged_step.max_seqlen_k, causal=True, sm_scale=scaling,
         window_size=(window - 1, 0) if window else (-1, -1),
-        softcap=float(kwargs.get("softcap") or 0.0), block_table=paged_step.block_table)
+        softcap=float(kwargs.get("softcap") or 0.0), block_table=paged_step.block_table,
+        **scales)
     return out[None], None  # (1, N, H, D)
 
 
@@ -121,7 +139,9 @@ AttentionInterface.register(ATTN_IMPLEMENTATION, paged_attention_forward)
 
 class Engine:
     """Continuous batching with chunked prefill and prefix caching over a paged cache, greedy
-    (``static=True``: static batching instead, the baseline; ``Scheduler``).
+    (``static=True``: static batching instead, the baseline; ``Scheduler``). ``kv_dtype``
+    torch.int8 or torch.float8_e4m3fn: an 8-bit cache, each K and V row quantised with its own
+    scale as it is written (``course_lib.kvquant``), read back by the same kernel.
 
     ``model``: a transformers causal LM whose layers take ``AttentionInterface`` functions
     (LLaMA, Mistral, Gemma 2, ...). The engine switches its attention to
@@ -131,7 +151,7 @@ class Engine:
 
     def __init__(self, model, num_blocks: int, block_size: int = 16,
                  max_tokens_per_step: int = 64, max_running: int = 8,
-                 prefix_caching: bool = True, static: bool = False):
+                 prefix_caching: bool = True, static: bool = False, kv_dtype=None):
         self.scheduler = Scheduler(num_blocks, block_size, max_tokens_per_step, max_running,
                                    prefix_caching, static)
         config = model.config
@@ -140,11 +160,20 @@ class Engine:
         weight = next(model.parameters())
         self.device = weight.device
         shape = (num_blocks, block_size, H_kv, D)
-        self.k_pages = [torch.zeros(shape, dtype=weight.dtype, device=self.device)
-                        for _ in range(config.num_hidden_layers)]
+        dtype = kv_dtype or weight.dtype
+        if dtype not in (weight.dtype, *KV_QUANT_DTYPES):
+            raise ValueError(f"kv_dtype must be None (the model's {weight.dtype}), torch.int8 or "
+                             f"torch.float8_e4m3fn, got {kv_dtype}")
+        layers = range(config.num_hidden_layers)
+        self.k_pages = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in layers]
         self.v_pages = [torch.zeros_like(p) for p in self.k_pages]
+        scaled = dtype in KV_QUANT_DTYPES  # one fp32 scale per token and head
+        self.k_scales = [torch.ones(shape[:-1], device=self.device) if scaled else None
+                         for _ in layers]
+        self.v_scales = [torch.ones_like(s) if scaled else None for s in self.k_scales]
         model.set_attn_implementation(ATTN_IMPLEMENTATION)
         self.model = model
+        self.logits = None
 
     @property
     def block_size(self) -> int:
@@ -168,7 +197,8 @@ class Engine:
         return PagedStep(self.k_pages, self.v_pages,
                          ints(batch.slot_mapping(self.block_size), torch.int64), ints(table),
                          ints(batch.cu_seqlens_q), ints(cu_k),
-                         max(c.num_tokens for c in batch.chunks), max(seqlens_k))
+                         max(c.num_tokens for c in batch.chunks), max(seqlens_k),
+                         self.k_scales, self.v_scales)
 
     @torch.inference_mode()
     def step(self) -> Batch:
@@ -183,6 +213,7 @@ class Engine:
                 logits_to_keep=torch.tensor(batch.sample_indices, device=self.device,
                                             dtype=torch.long),
                 paged_step=self.paged_step(batch)).logits  # (1, samples, vocab)
+            self.logits = logits[0]  # (samples, vocab): the last step's, for inspection
             next_tokens = logits[0].argmax(-1).tolist()
         self.scheduler.update(batch, next_tokens)
         return batch

@@ -17,7 +17,7 @@ import statistics
 
 import torch
 
-from course_lib.bench.common import environment, in_turns, require_gpu, save_result
+from course_lib.bench.common import environment, graphed, in_turns, require_gpu, save_result
 
 H, H_KV, D = 32, 8, 128
 BLOCK = 16
@@ -47,20 +47,6 @@ def _inputs(B: int, P: int, S: int, g: torch.Generator) -> dict:
                 lens=lens, whole_lens=lens + P)
 
 
-def _graphed(fn):
-    """``fn`` captured in a CUDA graph (after warm-up calls on a side stream): its replay."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
-
-
 def rows(rounds: int = 5, shapes=SHAPES) -> list[dict]:
     from course_lib.ops import flash_attn_v2, paged_decode
     from course_lib.ops.cascade import cascade_decode, merge_state, prefix_splits
@@ -87,7 +73,7 @@ def rows(rounds: int = 5, shapes=SHAPES) -> list[dict]:
             "a merge of two states": lambda: merge_state(o_s, lse_s, o_s, lse_s),
         }
         error = (fns["cascade"]().float() - fns["whole context"]().float()).abs().max().item()
-        fns.update({f"{name} (graph)": _graphed(fns[name]) for name in ("whole context",
+        fns.update({f"{name} (graph)": graphed(fns[name]) for name in ("whole context",
                                                                         "cascade")})
         times, errors = in_turns(fns, rounds=rounds, rep_ms=100)
         ms = {name: statistics.median(t) for name, t in times.items() if t}

@@ -56,12 +56,9 @@ def clean_l2_median_ms(fn, reps: int = 100, warmup: int = 10) -> float:
     return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
-def graph_median_ms(fn, warmup_ms: float = 100, rep_ms: float = 500) -> float:
-    """Median time of replaying a CUDA graph of ``fn()``: the GPU's time, without the host's.
-
-    For work of a few microseconds (one decode step) the Python and launch overhead of an eager
-    call can exceed the kernels' time; serving systems replay graphs for the same reason.
-    """
+def graphed(fn):
+    """A CUDA graph of ``fn()``, captured after three warm-up calls on a side stream: its
+    replay."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up off the capture: compilation, autotuning, caches
@@ -71,7 +68,16 @@ def graph_median_ms(fn, warmup_ms: float = 100, rep_ms: float = 500) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return median_ms(graph.replay, warmup_ms=warmup_ms, rep_ms=rep_ms)
+    return graph.replay
+
+
+def graph_median_ms(fn, warmup_ms: float = 100, rep_ms: float = 500) -> float:
+    """Median time of replaying a CUDA graph of ``fn()``: the GPU's time, without the host's.
+
+    For work of a few microseconds (one decode step) the Python and launch overhead of an eager
+    call can exceed the kernels' time; serving systems replay graphs for the same reason.
+    """
+    return median_ms(graphed(fn), warmup_ms=warmup_ms, rep_ms=rep_ms)
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from course_lib.bench.common import (
     clean_l2_median_ms,
     copy_bandwidth_gbs,
+    graphed,
     median_ms,
     sdpa_backend,
 )
@@ -155,16 +156,7 @@ def _graph(fn, backend=None):
         with sdpa_backend(backend):
             return fn()
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    return graph.replay
+    return graphed(call)
 
 
 def smoke() -> dict:

@@ -48,6 +48,25 @@ def below(err: float, bound: float) -> str:
     return f"< {bound:.0e}"
 
 
+def reads_back(fn) -> int:
+    """How many values ``fn()`` reads back from the device to the host (``.item()``,
+    ``.tolist()``, a tensor's truth value: each one ``aten._local_scalar_dense``): a call that
+    reads none makes no synchronisation on a GPU."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        reads = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                Count.reads += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.reads
+
+
 def poison_(t: torch.Tensor) -> torch.Tensor:
     """Fill a tensor with NaN in place so any element a kernel forgets to write fails the test."""
     if t.is_floating_point():

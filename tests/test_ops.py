@@ -2,14 +2,13 @@
 plan/run, and the CUDA graphs a decode step can be captured in (on a GPU)."""
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import course_lib
 from course_lib import ops
 from course_lib.kvcache import contiguous_to_pages
 from course_lib.ops import decode as opd
 from course_lib.reference import decode_reference
-from course_lib.testing import fresh_randn
+from course_lib.testing import fresh_randn, reads_back
 
 ON_GPU = course_lib.DEVICE == "cuda"
 # On a CPU, compile with AOTAutograd and no code generation: it traces through the operators'
@@ -215,23 +214,6 @@ def test_validate_under_compile_is_refused_with_a_clear_error():
 # no device -> host reads on the default path
 # ---------------------------------------------------------------------------------------------
 
-class CountOps(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.counts = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func.overloadpacket)
-        self.counts[name] = self.counts.get(name, 0) + 1
-        return func(*args, **(kwargs or {}))
-
-
-def _reads_back(fn) -> int:
-    with CountOps() as mode:
-        fn()
-    return mode.counts.get("aten._local_scalar_dense", 0)
-
-
 def test_default_decode_reads_nothing_back_from_a_gpu(monkeypatch):
     """The default call reads values only where that is free (``_FREE_READS``: the CPU). With
     the flag as a GPU has it, the default path reads nothing, the repeated calls included."""
@@ -245,22 +227,22 @@ def test_default_decode_reads_nothing_back_from_a_gpu(monkeypatch):
              lambda: paged_plan.run(q, k_pages, v_pages, lens, table))
     monkeypatch.setattr(opd, "_FREE_READS", False)
     for call in calls + calls:  # twice: the second flash_decode repeats the first's launch
-        assert _reads_back(call) == 0
+        assert reads_back(call) == 0
     # The counter does see a read back: the opt-in validation makes them on every device.
-    assert _reads_back(lambda: ops.flash_decode(q, k, v, cache_seqlens=lens,
+    assert reads_back(lambda: ops.flash_decode(q, k, v, cache_seqlens=lens,
                                                 validate=True)) > 0
-    assert _reads_back(lambda: ops.paged_decode(q, k_pages, v_pages, table, lens,
+    assert reads_back(lambda: ops.paged_decode(q, k_pages, v_pages, table, lens,
                                                 validate=True)) > 0
-    assert _reads_back(lambda: plan.run(q, k, v, lens, validate=True)) > 0
+    assert reads_back(lambda: plan.run(q, k, v, lens, validate=True)) > 0
     monkeypatch.setattr(opd, "_FREE_READS", True)  # as on a CPU: the default checks the values
     for call in calls + calls:
-        assert _reads_back(call) > 0
+        assert reads_back(call) > 0
     # validate=False never reads.
-    assert _reads_back(lambda: ops.flash_decode(q, k, v, cache_seqlens=lens,
+    assert reads_back(lambda: ops.flash_decode(q, k, v, cache_seqlens=lens,
                                                 validate=False)) == 0
-    assert _reads_back(lambda: ops.paged_decode(q, k_pages, v_pages, table, lens,
+    assert reads_back(lambda: ops.paged_decode(q, k_pages, v_pages, table, lens,
                                                 validate=False)) == 0
-    assert _reads_back(lambda: plan.run(q, k, v, lens, validate=False)) == 0
+    assert reads_back(lambda: plan.run(q, k, v, lens, validate=False)) == 0
 
 
 def test_the_default_checks_values_on_the_cpu_only():
@@ -269,7 +251,7 @@ def test_the_default_checks_values_on_the_cpu_only():
 
 def test_eager_flash_attn_v2_reads_nothing_back():
     q, k, v = _qkv()
-    assert _reads_back(lambda: ops.flash_attn_v2(q, k, v, causal=True)) == 0
+    assert reads_back(lambda: ops.flash_attn_v2(q, k, v, causal=True)) == 0
 
 
 # ---------------------------------------------------------------------------------------------

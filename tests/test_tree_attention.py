@@ -23,7 +23,13 @@ from course_lib.serving.speculative import (
     tree_decode,
     tree_mask,
 )
-from course_lib.testing import KERNEL_DTYPES, assert_close_2x, fresh_randn, poison_
+from course_lib.testing import (
+    KERNEL_DTYPES,
+    assert_close_2x,
+    fresh_randn,
+    poison_,
+    reads_back,
+)
 
 DTYPE = KERNEL_DTYPES[-1]  # fp16 on the CPU, bf16 on a GPU
 PREFIXES = [0, 5, 33]  # the cached keys before each sequence's tree: none, part of a tile, more
@@ -232,26 +238,17 @@ def test_the_operators_take_the_bits_and_compile():
 
 def test_a_tree_call_reads_nothing_back_from_the_device(monkeypatch):
     """On a GPU (``_FREE_READS`` False) the bits are made where the mask lies: no read."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     monkeypatch.setattr(opd, "_FREE_READS", False)
-
-    class Count(TorchDispatchMode):
-        reads = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func is torch.ops.aten._local_scalar_dense.default:
-                Count.reads += 1
-            return func(*args, **(kwargs or {}))
-
     mask = tree_mask(_tree(TREES["star3"]))
     q, k, v, lens = _inputs(2, 2, 1, 3, 16, [0, 5], torch.float32, seed=19)
     mask = mask.to(q.device)
     k_pages, v_pages, table = _paged(k, v)
-    with Count():
+
+    def calls():
         flash_decode(q, k, v, lens, num_splits=2, tree_mask=mask)
         paged_decode(q, k_pages, v_pages, table, lens, tree_mask=mask)
-    assert Count.reads == 0
+
+    assert reads_back(calls) == 0
 
 
 def test_a_tree_call_repeats_its_plans_bound_launch(monkeypatch, request):

@@ -1,9 +1,8 @@
 """A quantized KV cache: 8-bit keys and values with one fp32 scale per token and head.
 
-An extension of lessons 12 and 13 (notebooks/12_flash_decoding.ipynb,
-notebooks/13_paged_attention.ipynb): their ``flash_decode`` and ``paged_decode`` also take such
-a cache (``k_scale=``, ``v_scale=``) and dequantise it inside the split kernel
-(``course_lib.kernels.decode``); the lessons do not teach it yet. A decode step reads every
+Introduced in notebooks/16_serving.ipynb (section 7). Lessons 12 and 13's ``flash_decode`` and
+``paged_decode`` also take such a cache (``k_scale=``, ``v_scale=``) and dequantise it inside
+the split kernel (``course_lib.kernels.decode``). A decode step reads every
 byte of K and V for few FLOPs (lesson 11), so its time follows the cache's bytes: one byte a
 value instead of two halves them, plus a 4-byte scale per token and head for each of K and V
 (``kv_bytes_per_token``).

@@ -66,6 +66,8 @@ LESSONS = (
            "08_variants"),
     Lesson("15a_variants_on_gpu", "appendix: the variants on a GPU: the TMA kernel and its pinned "
            "max in a band, the stored forward, backward and packed-sequence runs", None),
+    Lesson("16_serving", "serving: continuous batching, chunked prefill, prefix caching, cascade "
+           "attention, an 8-bit KV cache, token-tree verification", "09_serving"),
 )
 
 

@@ -226,8 +226,8 @@ def facts() -> dict[str, Fact]:
                   _facts_triton_flash, _facts_hopper, _facts_fp8, _facts_backward,
                   _facts_decoding, _facts_datasheet, _facts_notebooks_00_06,
                   _facts_notebooks_07_10, _facts_notebooks_11_14, _facts_decks_01_07,
-                  _facts_deck_08, _facts_kernel_docstrings, _facts_variant_docstrings,
-                  _facts_readme, _facts_dropin, _facts_capstone):
+                  _facts_deck_08, _facts_deck_09, _facts_kernel_docstrings,
+                  _facts_variant_docstrings, _facts_readme, _facts_dropin, _facts_capstone):
         group(add, load)
     return f
 
@@ -994,6 +994,90 @@ def _facts_deck_08(add, load) -> None:
             "08_variants", f"data/variants_varlen.json {key}: varlen / dense TFLOP/s")
 
 
+def _facts_deck_09(add, load) -> None:
+    """Deck 09 (serving, lesson 16): the H200's ridge point, an 8-bit cache's bytes per token,
+    and the stored cascade run (its graph speed-ups at B 64 are ``_facts_readme``'s)."""
+    import torch
+
+    from course_lib.hardware import GPUS
+    from course_lib.kvquant import kv_bytes_per_token
+
+    add("d09_h200_ridge", f"{GPUS['H200'].ridge_point('fp16'):.0f} FLOP/B", "09_serving",
+        "hardware H200 ridge point, fp16 tensor cores")
+    fp16, q8 = (kv_bytes_per_token(8, 128, dt) for dt in (torch.float16, torch.int8))
+    add("d09_kv_bytes_fp16", f"{fp16}", "09_serving",
+        "kvquant.kv_bytes_per_token(8, 128, torch.float16): one layer, H_kv 8, D 128")
+    add("d09_kv_bytes_8bit", f"{q8}", "09_serving",
+        "kvquant.kv_bytes_per_token(8, 128, torch.int8): values and fp32 scales")
+    add("d09_kv_bytes_ratio", f"{fp16 / q8:.2f}×", "09_serving",
+        "kvquant.kv_bytes_per_token: fp16 / 8-bit bytes per token, H_kv 8, D 128")
+    casc = load("cascade")
+    add("d09_cascade_env", environment_line(casc), "09_serving", "data/cascade.json environment")
+    rows = {(r["B"], r["P"]): r for r in casc["rows"]}
+    for P, tag in ((4096, "4k"), (16384, "16k")):
+        r = rows[(64, P)]
+        B, S = r["B"], r["S"]
+        add(f"d09_rows_ratio_{tag}", f"{B * (P + S) / (P + B * S):.1f}×", "09_serving",
+            f"data/cascade.json shape B {B}, P {P}, S {S}: K/V rows read per K/V head, "
+            "whole context B·(P + S) / cascade P + B·S")
+        add(f"d09_us_whole_{tag}", f"{1e3 * r['ms']['whole context (graph)']:.1f} µs",
+            "09_serving", f"data/cascade.json B {B}, P {P}: whole-context paged_decode, graph")
+        add(f"d09_us_cascade_{tag}", f"{1e3 * r['ms']['cascade (graph)']:.1f} µs", "09_serving",
+            f"data/cascade.json B {B}, P {P}: cascade_decode, graph")
+        add(f"d09_eager_{tag}", f"{r['speedup']:.2f}×", "09_serving",
+            f"data/cascade.json B {B}, P {P}: whole-context / cascade time, eager")
+    r4 = rows[(64, 4096)]
+    kv_bytes = r4["B"] * (r4["P"] + r4["S"]) * r4["H_kv"] * r4["D"] * 2 * 2  # K and V, fp16
+    add("d09_whole_gb_4k", f"{kv_bytes / 1e9:.2f} GB", "09_serving",
+        "data/cascade.json B 64, P 4096, S 256: K and V bytes the whole-context step reads")
+    add("d09_whole_tbs_4k", f"{kv_bytes / (r4['ms']['whole context (graph)'] * 1e-3) / 1e12:.2f} "
+        "TB/s", "09_serving", "data/cascade.json B 64, P 4096: those bytes / its graph time")
+    add("d09_h200_tbs", f"{GPUS['H200'].hbm_tbs} TB/s", "09_serving",
+        "hardware H200 HBM bandwidth (datasheet)")
+    add("d09_h200_l2", f"{GPUS['H200'].l2_mib} MiB", "09_serving",
+        "hardware H200 L2 (the driver's report)")
+    add("d09_prefix_mib_4k", f"{r4['P'] * r4['H_kv'] * r4['D'] * 2 * 2 / 2**20:.0f} MiB",
+        "09_serving", "data/cascade.json P 4096, H_kv 8, D 128: the shared prefix's K and V")
+    for part, key in (("cascade: prefix", "prefix"), ("cascade: suffixes", "suffixes")):
+        add(f"d09_us_{key}_4k", f"{1e3 * r4['ms'][part]:.1f} µs", "09_serving",
+            f"data/cascade.json B 64, P 4096: {part} alone, eager")
+    add("d09_eager_cascade_4k", f"{1e3 * r4['ms']['cascade']:.1f} µs", "09_serving",
+        "data/cascade.json B 64, P 4096: cascade_decode, eager")
+    add("d09_b16", f"{rows[(16, 4096)]['speedup_graph']:.2f}×", "09_serving",
+        "data/cascade.json B 16, P 4096: whole-context / cascade time, graph")
+    add("d09_p1k", f"{rows[(64, 1024)]['speedup_graph']:.2f}×", "09_serving",
+        "data/cascade.json B 64, P 1024: whole-context / cascade time, graph")
+    served = load("serving")  # numbers only: the English and Chinese decks quote them alike
+    w, e = served["workload"], served["engine"]
+    add("d09_serving_requests", f"{w['requests']}", "09_serving", "data/serving.json workload")
+    for key in ("prompt", "output"):
+        add(f"d09_serving_{key}", f"{w[key][0]}–{w[key][1]}", "09_serving",
+            f"data/serving.json workload: {key} tokens, least–most")
+    add("d09_serving_budget", f"{e['max_tokens_per_step']}", "09_serving",
+        "data/serving.json engine: tokens per step")
+    add("d09_serving_running", f"{e['max_running']}", "09_serving",
+        "data/serving.json engine: requests running at most")
+    steps = {name: runs[-1]["steps"] for name, runs in served["runs"].items()}
+    for name in ("continuous", "static"):
+        add(f"d09_serving_steps_{name}", f"{steps[name]}", "09_serving",
+            f"data/serving.json: steps of the last round, {name} batching")
+    add("d09_serving_steps_ratio", f"{steps['static'] / steps['continuous']:.2f}×", "09_serving",
+        "data/serving.json: steps of the last round, static / continuous")
+    add("d09_serving_speedup", f"{served['speedup']:.2f}×", "09_serving",
+        "data/serving.json: continuous / static generated tokens per second (medians)")
+    tps = served["tokens_per_s"]
+    for name in ("continuous", "static"):
+        add(f"d09_serving_tps_{name}", f"{tps[name]:.0f}", "09_serving",
+            f"data/serving.json: {name} batching's generated tokens per second (median)")
+    kv8 = load("kv_quant")
+    for fmt in ("e4m3", "int8"):
+        add(f"d09_kv8_{fmt}", _span([r["speedup_over_fp16"][f"{kind} {fmt}"]
+                                    for r in kv8["rows"]
+                                    for kind in ("flash_decode", "paged_decode")]),
+            "09_serving", f"data/kv_quant.json: fp16 cache / {fmt} cache time, flash_decode "
+            "and paged_decode, every shape")
+
+
 def _facts_kernel_docstrings(add, load) -> None:
     """Kernel docstrings: each kernel file states its current measured speed."""
     fwd = load("attention_fwd")
@@ -1188,9 +1272,21 @@ def _facts_readme(add, load) -> None:
         "data/matmul.json headline: course / cuBLAS TFLOP/s, 4096³ fp16")
     cascade = {(r["B"], r["P"]): r for r in load("cascade")["rows"]}
     for P, tag in ((4096, "4k"), (16384, "16k")):
-        add(f"cascade_64_{tag}", f"{cascade[(64, P)]['speedup_graph']:.2f}×", "README",
+        add(f"cascade_64_{tag}", f"{cascade[(64, P)]['speedup_graph']:.2f}×", "README 09_serving",
             f"data/cascade.json B 64, P {P}: whole-context paged_decode / cascade_decode time, "
             "CUDA graphs")
+    kv8 = load("kv_quant")
+    for fmt in ("e4m3", "int8"):
+        add(f"kv8_{fmt}", _span([r["speedup_over_fp16"][f"{kind} {fmt}"] for r in kv8["rows"]
+                                 for kind in ("flash_decode", "paged_decode")]),
+            "README", f"data/kv_quant.json: fp16 cache / {fmt} cache time, "
+            "flash_decode and paged_decode, every shape")
+    served = load("serving")
+    add("serving_speedup", f"{served['speedup']:.2f}×", "README",
+        "data/serving.json: continuous / static generated tokens per second (medians)")
+    steps = {name: runs[-1]["steps"] for name, runs in served["runs"].items()}
+    add("serving_steps", f"{steps['continuous']} steps against {steps['static']}",
+        "README", "data/serving.json: steps of the last round, continuous / static")
     add("mem_math_peak_gib", f"{mem['sdpa-MATH']['peak_bytes'] / 2**30:.1f} GiB", "README",
         "data/memory.json N 16384 SDPA MATH peak")
     add("mem_v2_peak_gib", f"{mem['flash_attn_v2']['peak_bytes'] / 2**30:.2f} GiB", "README",
@@ -1336,7 +1432,8 @@ def readme_measured(f: dict | None = None) -> str:
     fwd, llama = (load_result(n) for n in ("attention_fwd", "llama"))
     envs = sorted({environment_line(load_result(n)) for n in
                    ("attention_fwd", "attention_bwd", "decode", "hbm", "matmul", "memory",
-                    "llama", "dropin", "capstone_compiled", "cascade")})
+                    "llama", "dropin", "capstone_compiled", "cascade", "kv_quant",
+                    "serving")})
     cap = load_result("capstone_compiled")
     cap_prompts = [r["prompt"] for r in cap["rows"]]
     shape = (f"B·N = {fwd['tokens'] // 1024}k, H·D = {fwd['hidden']}, fp16; "
@@ -1387,6 +1484,14 @@ def readme_measured(f: dict | None = None) -> str:
         "their own; H 32, H_kv 8, D 128, fp16), `paged_decode` over each whole context / "
         "`cascade_decode`", f"{GRAPH}, 5 rounds in turns",
         f"{t('cascade_64_4k')} (a 16k prefix: {t('cascade_64_16k')})")
+    row("an 8-bit KV cache (one fp32 scale per token and head; B 1 and 8, N 32k and 128k, "
+        "H 32, H_kv 8, D 128): a decode step's time over the fp16 cache / over the 8-bit "
+        "cache, `flash_decode` and `paged_decode`", f"{EAGER}, 5 rounds in turns",
+        f"e4m3 {t('kv8_e4m3')}, int8 {t('kv8_int8')}")
+    row("serving 128 requests with `course_lib.serving.Engine` on the Llama-3.2-1B shape "
+        "(random weights, fp16): generated tokens per second, continuous / static batching",
+        "wall clock from the first step to the last token, one untimed run each, then 2 "
+        "rounds in turns", f"{t('serving_speedup')} ({t('serving_steps')})")
     row("Triton matmul / cuBLAS, 4096³ fp16", EAGER, t("matmul_ratio"))
     row("peak memory, forward + backward, N 16k (B 1, H 16, D 64)",
         "`torch.cuda.max_memory_allocated` above the inputs",

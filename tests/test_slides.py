@@ -37,7 +37,8 @@ def slides_of_markdown(path: Path) -> tuple[str, list[str]]:
 
 def test_deck_names_match_the_lesson_map():
     assert DECKS == ["01_softmax", "02_gpu_tiling", "03_attention_io", "04_flash_v1",
-                     "05_triton_flash", "06_backward", "07_decoding", "08_variants"]
+                     "05_triton_flash", "06_backward", "07_decoding", "08_variants",
+                     "09_serving"]
     for lang in LANGS:
         on_disk = sorted(p.stem for p in slides.LANGS[lang].glob("*.md"))
         assert on_disk == DECKS, f"{lang}: {on_disk}"

@@ -5,8 +5,8 @@ Each subject lives in its own module (course_lib/bench/<subject>.py) with a ``ma
 import importlib
 import sys
 
-SUBJECTS = ("attention", "backward_forms", "cascade", "decode", "dropin", "fp8", "host", "matmul",
-            "hbm", "memory", "hopper", "registers", "variants")
+SUBJECTS = ("attention", "backward_forms", "cascade", "decode", "dropin", "fp8", "host", "kvquant",
+            "matmul", "hbm", "memory", "hopper", "registers", "variants")
 
 
 def main(argv=None) -> int:

@@ -139,5 +139,113 @@ def token_tree_figure():
     return fig
 
 
+#: The pool's picture: three requests that start with one 9-token system prompt.
+POOL_PROMPTS = ((1, 2, 3, 4, 5, 6, 7, 8, 9, 40, 41), (1, 2, 3, 4, 5, 6, 7, 8, 9, 50, 51, 52, 53),
+                (1, 2, 3, 4, 5, 6, 7, 8, 9, 60))
+POOL_BLOCKS, POOL_BLOCK_SIZE = 12, 4
+
+
+def pool_state():
+    """The scheduler after the three ``POOL_PROMPTS`` arrived one step apart and each ran its
+    prefill: (block tables by request, reference count of every physical block, the names of
+    the cached blocks)."""
+    from course_lib.serving import Scheduler
+
+    s = Scheduler(num_blocks=POOL_BLOCKS, block_size=POOL_BLOCK_SIZE, max_tokens_per_step=16,
+                  max_running=4)
+    for i, prompt in enumerate(POOL_PROMPTS):
+        s.add_request(list(prompt), max_new_tokens=4, arrival_step=i)
+    for _ in range(len(POOL_PROMPTS)):  # one prefill each; the first token is sampled
+        batch = s.step()
+        s.update(batch, [99 for c in batch.chunks if c.samples])
+    tables = {r.request_id: list(r.block_table) for r in s.requests.values()}
+    refcounts = [s.allocator.refcount(b) for b in range(POOL_BLOCKS)]
+    return tables, refcounts, len(s.cache)
+
+
+def block_pool_figure():
+    """Notebook figure: each request's block table above the pool's physical blocks, with
+    their reference counts (the requests' and the prefix cache's own); the system prompt's two
+    full blocks shared by all three requests."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch, Rectangle
+
+    tables, refcounts, _ = pool_state()
+    users = {b: sum(b in t for t in tables.values()) for b in range(POOL_BLOCKS)}
+    colors = ("#5dade2", "#f5b041", "#58d68d")
+    shared_color = "#af7ac5"
+    owner = {b: r for r, t in tables.items() for b in t if users[b] == 1}
+
+    def face(b):
+        return shared_color if users[b] > 1 else colors[owner[b]] if b in owner else "white"
+
+    fig = Figure(figsize=(12, 5.6), layout="constrained")
+    ax = fig.subplots()
+    for b in range(POOL_BLOCKS):
+        ax.add_patch(Rectangle((b, 0), 0.9, 0.9, facecolor=face(b), edgecolor="0.3"))
+        ax.text(b + 0.45, 0.62, str(b), ha="center", va="center", fontsize=13)
+        if refcounts[b]:
+            ax.text(b + 0.45, 0.25, f"ref {refcounts[b]}", ha="center", va="center",
+                    fontsize=11)
+    ax.text(-0.3, 0.45, "physical blocks\n(the pool)", ha="right", va="center", fontsize=12)
+    for r, table in tables.items():
+        y = 1.6 + 1.1 * (len(tables) - 1 - r)
+        ax.text(-0.3, y + 0.45, f"request {r}: {len(POOL_PROMPTS[r]) + 1} tokens\nblock table",
+                ha="right", va="center", fontsize=12)
+        for j, b in enumerate(table):
+            ax.add_patch(Rectangle((j, y), 0.9, 0.9, facecolor=face(b), edgecolor="0.3"))
+            ax.text(j + 0.45, y + 0.45, f"→ {b}", ha="center", va="center", fontsize=13)
+    ax.legend(handles=[Patch(color=shared_color, label="shared by the three requests"),
+                       *[Patch(color=c, label=f"request {r}'s own") for r, c in
+                         enumerate(colors)]],
+              loc="upper right", fontsize=11, frameon=False)
+    ax.set_xlim(-3.6, POOL_BLOCKS + 0.2)
+    ax.set_ylim(-0.2, 1.6 + 1.1 * len(tables))
+    ax.axis("off")
+    ax.set_title(f"blocks of {POOL_BLOCK_SIZE} tokens, a 9-token system prompt: its two full "
+                 "blocks are found by their names and shared;\n'ref' counts the requests "
+                 "holding a block plus the prefix cache's own hold on every named block",
+                 loc="left", fontsize=12)
+    return fig
+
+
+def cascade_figure():
+    """Notebook figure: one decode step of four requests as cascade attention: the shared
+    prefix as one dense product of every request's query rows, each request's suffix on its
+    own, then the merge of the two (o, lse) per row."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import FancyArrowPatch, Rectangle
+
+    suffix = (3, 5, 2, 4)  # keys of each request after the prefix
+    P = 10
+    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    ax = fig.subplots()
+    colors = ("#5dade2", "#f5b041", "#58d68d", "#ec7063")
+    for r, c in enumerate(colors):  # one query row per request
+        ax.add_patch(Rectangle((0, 3 - r), 0.8, 0.8, facecolor=c, edgecolor="0.3"))
+        ax.text(-0.2, 3.4 - r, f"q of request {r}", ha="right", va="center", fontsize=12)
+    # 1. the prefix: one matrix, every request's row against the same P keys
+    ax.add_patch(Rectangle((1.2, 0), P * 0.5, 3.8, facecolor="#d2b4de", edgecolor="0.3"))
+    ax.text(1.2 + P * 0.25, 1.9, "S = Q · K_prefixᵀ\nfor all rows at once:\nthe prefix's K, V "
+            "read once", ha="center", va="center", fontsize=12)
+    ax.text(1.2 + P * 0.25, 4.15, "1. the shared prefix (P keys)", ha="center", fontsize=12)
+    x0 = 1.2 + P * 0.5 + 0.6  # 2. each request's own keys
+    for r, (c, n) in enumerate(zip(colors, suffix)):
+        ax.add_patch(Rectangle((x0, 3 - r), n * 0.5, 0.8, facecolor=c, edgecolor="0.3",
+                               alpha=0.7))
+    ax.text(x0 + 1.25, 4.15, "2. each suffix", ha="center", fontsize=12)
+    xm = x0 + 0.5 * max(suffix) + 1.2  # 3. the merge
+    for r in range(4):
+        ax.add_patch(FancyArrowPatch((xm - 0.9, 3.4 - r), (xm, 3.4 - r), arrowstyle="-|>",
+                                     mutation_scale=12, color="0.4"))
+        ax.text(xm + 0.1, 3.4 - r, "merge the two (o, lse)", va="center", fontsize=12)
+    ax.text(xm + 1.4, 4.15, "3. lesson 12's merge", ha="center", fontsize=12)
+    ax.set_xlim(-2.6, xm + 3.4)
+    ax.set_ylim(-0.3, 4.6)
+    ax.axis("off")
+    return fig
+
+
 #: Figures of this module: image name -> function returning a matplotlib Figure.
-FIGURES = {"16_batching_timeline": timeline_figure, "16_token_tree": token_tree_figure}
+FIGURES = {"16_batching_timeline": timeline_figure, "16_token_tree": token_tree_figure,
+           "16_block_pool": block_pool_figure, "16_cascade": cascade_figure}

@@ -56,6 +56,7 @@ LESSON_MODULES = (
     "course_lib.exercises.decode",           # 11, 12, 13
     "course_lib.exercises.llama",            # 14
     "course_lib.exercises.variants",         # 15
+    "course_lib.exercises.serving",          # 16
 )
 
 

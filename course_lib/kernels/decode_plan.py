@@ -62,7 +62,7 @@ def bytes_in_flight(config: dict, head_dim: int, programs_per_sm: int = 1) -> in
 
 def pick_config(head_dim: int, batch: int | None = None, kv_heads: int = 1,
                 n_keys: int = 0, m_tiles: int = 1, sm_count: int | None = None,
-                bandwidth_per_sm_: float | None = None) -> dict:
+                bandwidth_per_sm_: float | None = None, kv_bytes: int = 2) -> dict:
     """(BLOCK_N, num_warps, num_stages) for ``head_dim``: that of the power of two the kernels
     pad it to. For D 128 and a given work (``batch`` ...): one split per sequence and over
     ``TWO_STAGE_PROGRAMS_PER_SM`` programs per SM, 64-key tiles in two stages (more programs
@@ -70,9 +70,19 @@ def pick_config(head_dim: int, batch: int | None = None, kv_heads: int = 1,
     tiles, unless they put fewer bytes in flight than Little's law asks of this GPU (bandwidth
     per SM × ``LOADED_LATENCY_S``; ``bandwidth_per_sm_`` overrides the device's) and the split
     is long enough to fill the pipeline (six 128-key tiles): then 128-key tiles. An H100 gets
-    64-key tiles, an H200 (1.44× the bandwidth) 128 (data/decode_tiles_h200.json)."""
+    64-key tiles, an H200 (1.44× the bandwidth) 128 (data/decode_tiles_h200.json).
+
+    ``kv_bytes`` 1, an 8-bit cache (``course_lib.kvquant``) at D 128: the fp16 choice with twice
+    the keys per tile (the same bytes) and 8 warps for the tile's conversion to q's dtype:
+    1.19–1.27× the fp16 cache's step with e4m3 at N 32k–128k on an H200, against 1.13–1.22×
+    with the fp16 tiles (data/kv_quant_tiles.json; perf_notes.md, "An 8-bit KV cache in the
+    decode loop")."""
     if INTERPRET:
         return dict(INTERPRET_CONFIG)
+    if kv_bytes == 1 and next_pow2(head_dim) == 128 and batch is not None:
+        config = pick_config(head_dim, batch, kv_heads, n_keys, m_tiles, sm_count,
+                             bandwidth_per_sm_)
+        return dict(config, BLOCK_N=2 * config["BLOCK_N"], num_warps=8)
     if next_pow2(head_dim) != 128 or batch is None:
         return dict(DECODE_CONFIGS[next_pow2(head_dim)])
     sms = sm_count if sm_count is not None else _sm_count(INTERPRET)
@@ -177,14 +187,15 @@ def make_plan(B: int, H: int, H_kv: int, N_q: int, D: int, n_max: int, device, *
               num_splits: int | None = None, config: dict | None = None, paged: bool = False,
               page_size: int = 1, num_blocks: int = 1, sm_count: int | None = None,
               merge: str = "auto", interleaved: bool | None = None,
-              window: tuple = (-1, 0)) -> SplitPlan:
+              window: tuple = (-1, 0), kv_bytes: int = 2) -> SplitPlan:
     """A ``SplitPlan`` for caches of at most ``n_max`` keys (inputs already validated), with the
     variants' ``window`` (left, 0): a window bounds the work a sequence's splits share to
     left + N_q keys, and the split count and config are chosen for that.
 
     ``merge``: "auto" or one of ``MERGES``, which says what each does and what "auto" picks.
     ``interleaved``: deal the tiles round-robin (None: from ``INTERLEAVE_MIN_SPLITS`` splits of a
-    cache of ``INTERLEAVE_MIN_TILES`` tiles on)."""
+    cache of ``INTERLEAVE_MIN_TILES`` tiles on). ``kv_bytes``: bytes of one cached value (1: an
+    8-bit cache, ``pick_config``)."""
     if merge not in ("auto", *MERGES):
         raise ValueError(f"merge must be one of {('auto', *MERGES)}, got {merge!r}")
     if merge == "auto":  # fused, unless its counters would be zeroed inside a CUDA-graph capture
@@ -194,7 +205,7 @@ def make_plan(B: int, H: int, H_kv: int, N_q: int, D: int, n_max: int, device, *
     m_tiles = cdiv(rows, block_m)
     n_work = n_max if window[0] < 0 else min(n_max, window[0] + N_q)  # keys a sequence reads
     cfg = (dict(config) if config is not None
-           else pick_config(D, B, H_kv, n_work, m_tiles, sm_count=sm_count))
+           else pick_config(D, B, H_kv, n_work, m_tiles, sm_count=sm_count, kv_bytes=kv_bytes))
     if num_splits is None:
         num_splits = choose_num_splits(B, H_kv, n_work, cfg["BLOCK_N"], sm_count=sm_count,
                                        m_tiles=m_tiles,

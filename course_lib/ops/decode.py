@@ -557,7 +557,7 @@ def _plan(key, q, k, table, num_splits, sm_scale, variant, operator=False, merge
                          n_max if key is None or table is not None else _length_bucket(n_max),
                          q.device, num_splits=num_splits, config=config, paged=table is not None,
                          page_size=page_size, num_blocks=num_blocks, merge=merge,
-                         window=variant.window)
+                         window=variant.window, kv_bytes=k.element_size())
     plan = DecodePlan(split, q, sm_scale, variant, k.dtype)
     plan.out_like = empty_like_is_output(q)  # (the key holds q's strides)
     if key is not None and (not operator or split.num_splits == 1):

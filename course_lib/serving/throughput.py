@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from course_lib.bench.common import environment, require_gpu, save_result
+from course_lib.bench.common import require_gpu, save_result
 
-WORKLOAD = dict(requests=64, prompt=(32, 512), output=(16, 256), seed=0)
+WORKLOAD = dict(requests=128, prompt=(32, 512), output=(16, 256), seed=0)
 ENGINE = dict(block_size=16, max_tokens_per_step=512, max_running=32)
 
 
@@ -60,12 +60,13 @@ def run(rounds: int = 2) -> dict:
     requests = workload(vocab=config.vocab_size, **WORKLOAD)
     most = sum(len(p) + n for p, n in requests)
     num_blocks = most // ENGINE["block_size"] + len(requests) + 1  # room for every request
-    serve(model, requests[:4], False, num_blocks)  # compile and warm up
+    for static in (False, True):  # compile every kernel shape the runs meet, untimed
+        serve(model, requests, static, num_blocks)
     runs = {"continuous": [], "static": []}
     for _ in range(rounds):  # in turns
         for name in runs:
             runs[name].append(serve(model, requests, name == "static", num_blocks))
-    result = {"environment": environment(), "method": __doc__, "workload": WORKLOAD,
+    result = {"method": __doc__, "workload": WORKLOAD,
               "engine": ENGINE, "model": "Llama-3.2-1B shape, random weights, fp16",
               "runs": runs}
     tps = {name: statistics.median(r["tokens_per_s"] for r in rs) for name, rs in runs.items()}
@@ -87,3 +88,31 @@ def main(argv=None) -> int:
     require_gpu("the serving benchmark")
     print("saved", save_result("serving", run(args.rounds)))
     return 0
+
+
+def figure(result: dict):
+    """The stored run as a picture: requests running at each step under both policies (the
+    last round), and generated tokens per second of every round."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(12, 4.2), layout="constrained")
+    ax_steps, ax_rate = fig.subplots(1, 2, width_ratios=[2.4, 1])
+    colors = {"continuous": "#2e86c1", "static": "#e67e22"}
+    for name, runs in result["runs"].items():
+        timeline = runs[-1]["timeline"]
+        ax_steps.plot([t["step"] for t in timeline], [t["running"] for t in timeline],
+                      color=colors[name], lw=1.2, label=f"{name}: {len(timeline)} steps")
+    ax_steps.set_xlabel("step")
+    ax_steps.set_ylabel("requests in the step")
+    ax_steps.legend(frameon=False)
+    ax_steps.set_title(f"{result['workload']['requests']} requests, at most "
+                       f"{result['engine']['max_running']} running", loc="left")
+    names = list(result["runs"])
+    for i, name in enumerate(names):
+        rates = [r["tokens_per_s"] for r in result["runs"][name]]
+        ax_rate.bar(i, result["tokens_per_s"][name], color=colors[name], width=0.6)
+        ax_rate.scatter([i] * len(rates), rates, color="black", s=12, zorder=3)
+    ax_rate.set_xticks(range(len(names)), names)
+    ax_rate.set_ylabel("generated tokens / s (median; dots: rounds)")
+    ax_rate.set_title(result["environment"].get("gpu", ""), loc="left")
+    return fig

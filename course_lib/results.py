@@ -1093,6 +1093,12 @@ def _facts_kernel_docstrings(add, load) -> None:
         "data/decode.json environment: the run of paged_decode / flash_decode", runs=_PAGED_RUN)
     merge = load("decode_merge")
     add("kdoc_dec_env", _env_of(merge), f"{src}decode.py", "data/decode_merge.json environment")
+    kv8 = load("kv_quant")
+    add("kdoc_kv8_env", _env_of(kv8), f"{src}decode.py", "data/kv_quant.json environment")
+    for fmt in ("e4m3", "int8"):
+        add(f"kdoc_kv8_{fmt}", _span([r["speedup_over_fp16"][f"{kind} {fmt}"] for r in kv8["rows"]
+                                      for kind in ("flash_decode", "paged_decode")]),
+            f"{src}decode.py", f"data/kv_quant.json: fp16 cache / {fmt} cache time, every shape")
 
     def _us(ours, cudnn):
         return ", ".join(f"{r['us'][ours]:.1f} ({r['us'][cudnn]:.1f})"

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from course_lib import DEVICE
 from course_lib.exercises import (
     TODO,
     Exercise,
@@ -500,7 +501,8 @@ def _merge_cases():
                 o_b[r], lse_b[r] = 0.0, float("-inf")
         cases.append(tuple(t.reshape(*lead, *t.shape[1:]).contiguous()
                            for t in (o_a, lse_a, o_b, lse_b)))
-    return [(c, tuple(t.float() for t in library_merge_state(*c))) for c in cases]
+    return [(c, tuple(t.float().cpu() for t in library_merge_state(*(x.to(DEVICE) for x in c))))
+            for c in cases]  # (the library's kernel runs where the course runs: a GPU's)
 
 
 def _describe_merge(o_a, lse_a, o_b, lse_b):

@@ -585,8 +585,13 @@ def contiguous_to_pages(k_cache, cache_seqlens=None, block_size=16, num_blocks=N
 
     Returns (k_pages, block_table): k_pages (num_blocks, block_size, H_kv, D), block_table
     (B, max_blocks) int32 with every logical block of every sequence on its own physical block
-    (a random permutation, so neighbouring logical blocks are far apart in memory).
+    (a random permutation, so neighbouring logical blocks are far apart in memory). Any dtype,
+    FP8 included (scattered as bytes: PyTorch's indexed writes do not take FP8).
     """
+    if k_cache.dtype.is_floating_point and k_cache.element_size() == 1:
+        pages, table = contiguous_to_pages(k_cache.view(torch.uint8), cache_seqlens, block_size,
+                                           num_blocks, generator)
+        return pages.view(k_cache.dtype), table
     B, H_kv, N_max, D = k_cache.shape
     max_blocks = math.ceil(N_max / block_size)
     needed = B * max_blocks

@@ -1049,7 +1049,8 @@ def _facts_deck_09(add, load) -> None:
         "data/cascade.json B 64, P 1024: whole-context / cascade time, graph")
     served = load("serving")  # numbers only: the English and Chinese decks quote them alike
     w, e = served["workload"], served["engine"]
-    add("d09_serving_requests", f"{w['requests']}", "09_serving", "data/serving.json workload")
+    add("d09_serving_requests", f"{w['requests']}", "README 09_serving",
+        "data/serving.json workload")
     for key in ("prompt", "output"):
         add(f"d09_serving_{key}", f"{w[key][0]}–{w[key][1]}", "09_serving",
             f"data/serving.json workload: {key} tokens, least–most")
@@ -1059,11 +1060,11 @@ def _facts_deck_09(add, load) -> None:
         "data/serving.json engine: requests running at most")
     steps = {name: runs[-1]["steps"] for name, runs in served["runs"].items()}
     for name in ("continuous", "static"):
-        add(f"d09_serving_steps_{name}", f"{steps[name]}", "09_serving",
+        add(f"d09_serving_steps_{name}", f"{steps[name]}", "README 09_serving",
             f"data/serving.json: steps of the last round, {name} batching")
     add("d09_serving_steps_ratio", f"{steps['static'] / steps['continuous']:.2f}×", "09_serving",
         "data/serving.json: steps of the last round, static / continuous")
-    add("d09_serving_speedup", f"{served['speedup']:.2f}×", "09_serving",
+    add("d09_serving_speedup", f"{served['speedup']:.2f}×", "README 09_serving",
         "data/serving.json: continuous / static generated tokens per second (medians)")
     tps = served["tokens_per_s"]
     for name in ("continuous", "static"):
@@ -1074,8 +1075,9 @@ def _facts_deck_09(add, load) -> None:
         add(f"d09_kv8_{fmt}", _span([r["speedup_over_fp16"][f"{kind} {fmt}"]
                                     for r in kv8["rows"]
                                     for kind in ("flash_decode", "paged_decode")]),
-            "09_serving", f"data/kv_quant.json: fp16 cache / {fmt} cache time, flash_decode "
-            "and paged_decode, every shape")
+            "README 09_serving src:course_lib/kernels/decode.py",
+            f"data/kv_quant.json: fp16 cache / {fmt} cache time, flash_decode and paged_decode, "
+            "every shape")
 
 
 def _facts_kernel_docstrings(add, load) -> None:
@@ -1093,12 +1095,8 @@ def _facts_kernel_docstrings(add, load) -> None:
         "data/decode.json environment: the run of paged_decode / flash_decode", runs=_PAGED_RUN)
     merge = load("decode_merge")
     add("kdoc_dec_env", _env_of(merge), f"{src}decode.py", "data/decode_merge.json environment")
-    kv8 = load("kv_quant")
-    add("kdoc_kv8_env", _env_of(kv8), f"{src}decode.py", "data/kv_quant.json environment")
-    for fmt in ("e4m3", "int8"):
-        add(f"kdoc_kv8_{fmt}", _span([r["speedup_over_fp16"][f"{kind} {fmt}"] for r in kv8["rows"]
-                                      for kind in ("flash_decode", "paged_decode")]),
-            f"{src}decode.py", f"data/kv_quant.json: fp16 cache / {fmt} cache time, every shape")
+    add("kdoc_kv8_env", _env_of(load("kv_quant")), f"{src}decode.py",
+        "data/kv_quant.json environment")  # (its ratios: d09_kv8_*, quoted there too)
 
     def _us(ours, cudnn):
         return ", ".join(f"{r['us'][ours]:.1f} ({r['us'][cudnn]:.1f})"
@@ -1281,18 +1279,6 @@ def _facts_readme(add, load) -> None:
         add(f"cascade_64_{tag}", f"{cascade[(64, P)]['speedup_graph']:.2f}×", "README 09_serving",
             f"data/cascade.json B 64, P {P}: whole-context paged_decode / cascade_decode time, "
             "CUDA graphs")
-    kv8 = load("kv_quant")
-    for fmt in ("e4m3", "int8"):
-        add(f"kv8_{fmt}", _span([r["speedup_over_fp16"][f"{kind} {fmt}"] for r in kv8["rows"]
-                                 for kind in ("flash_decode", "paged_decode")]),
-            "README", f"data/kv_quant.json: fp16 cache / {fmt} cache time, "
-            "flash_decode and paged_decode, every shape")
-    served = load("serving")
-    add("serving_speedup", f"{served['speedup']:.2f}×", "README",
-        "data/serving.json: continuous / static generated tokens per second (medians)")
-    steps = {name: runs[-1]["steps"] for name, runs in served["runs"].items()}
-    add("serving_steps", f"{steps['continuous']} steps against {steps['static']}",
-        "README", "data/serving.json: steps of the last round, continuous / static")
     add("mem_math_peak_gib", f"{mem['sdpa-MATH']['peak_bytes'] / 2**30:.1f} GiB", "README",
         "data/memory.json N 16384 SDPA MATH peak")
     add("mem_v2_peak_gib", f"{mem['flash_attn_v2']['peak_bytes'] / 2**30:.2f} GiB", "README",
@@ -1493,11 +1479,13 @@ def readme_measured(f: dict | None = None) -> str:
     row("an 8-bit KV cache (one fp32 scale per token and head; B 1 and 8, N 32k and 128k, "
         "H 32, H_kv 8, D 128): a decode step's time over the fp16 cache / over the 8-bit "
         "cache, `flash_decode` and `paged_decode`", f"{EAGER}, 5 rounds in turns",
-        f"e4m3 {t('kv8_e4m3')}, int8 {t('kv8_int8')}")
-    row("serving 128 requests with `course_lib.serving.Engine` on the Llama-3.2-1B shape "
+        f"e4m3 {t('d09_kv8_e4m3')}, int8 {t('d09_kv8_int8')}")
+    row(f"serving {t('d09_serving_requests')} requests with `course_lib.serving.Engine` on the "
+        "Llama-3.2-1B shape "
         "(random weights, fp16): generated tokens per second, continuous / static batching",
         "wall clock from the first step to the last token, one untimed run each, then 2 "
-        "rounds in turns", f"{t('serving_speedup')} ({t('serving_steps')})")
+        "rounds in turns", f"{t('d09_serving_speedup')} ({t('d09_serving_steps_continuous')} steps "
+        f"against {t('d09_serving_steps_static')})")
     row("Triton matmul / cuBLAS, 4096³ fp16", EAGER, t("matmul_ratio"))
     row("peak memory, forward + backward, N 16k (B 1, H 16, D 64)",
         "`torch.cuda.max_memory_allocated` above the inputs",

@@ -167,12 +167,10 @@ def _page(x, block_size, seed):
     """Pages of a contiguous (B, H_kv, N, ...) tensor of any dtype, laid out by a random block
     table as ``contiguous_to_pages`` lays them (the same seed: the same table): a cache of
     8-bit values (D last) or its scales (no D: a dim of 1 is paged and dropped)."""
-    flat = x if x.dtype == torch.float32 else x.view(torch.uint8)
     scales = x.ndim == 3
-    pages, _ = contiguous_to_pages(flat[..., None] if scales else flat, block_size=block_size,
+    pages, _ = contiguous_to_pages(x[..., None] if scales else x, block_size=block_size,
                                    generator=torch.Generator().manual_seed(seed))
-    pages = pages[..., 0] if scales else pages
-    return pages if x.dtype == torch.float32 else pages.view(x.dtype)
+    return pages[..., 0] if scales else pages
 
 
 def _quantized(B, H, H_kv, N_q, N_max, D, lengths, fmt, seed=0):

@@ -25,6 +25,13 @@ def rows(rounds: int = 5, shapes=SHAPES) -> list[dict]:
     from course_lib.kvquant import kv_bytes_per_token, quantize_kv
     from course_lib.ops import flash_decode, paged_decode
 
+    def paged(x):
+        """Pages of 16 of a cache (B, H_kv, N, D) or of its scales (B, H_kv, N), every tensor in
+        the same random order (one seed): (pages, block_table)."""
+        pages, table = contiguous_to_pages(x if x.ndim == 4 else x[..., None], block_size=16,
+                                           generator=torch.Generator().manual_seed(1))
+        return (pages if x.ndim == 4 else pages[..., 0].contiguous()), table
+
     out = []
     g = torch.Generator(device="cuda").manual_seed(0)
     for B, N in shapes:
@@ -39,20 +46,9 @@ def rows(rounds: int = 5, shapes=SHAPES) -> list[dict]:
             scales = {} if ks is None else {"k_scale": ks, "v_scale": vs}
             fns[f"flash_decode {name}"] = (
                 lambda kc=kc, vc=vc, s=scales: flash_decode(q, kc, vc, **s))
-            kp, table = contiguous_to_pages(kc.view(torch.uint8) if kc.dtype != torch.float16
-                                            else kc, block_size=16,
-                                            generator=torch.Generator().manual_seed(1))
-            vp, _ = contiguous_to_pages(vc.view(torch.uint8) if vc.dtype != torch.float16
-                                        else vc, block_size=16,
-                                        generator=torch.Generator().manual_seed(1))
-            kp, vp = kp.view(kc.dtype), vp.view(vc.dtype)
-            pscales = {}
-            if ks is not None:  # the scales paged the same way: (num_blocks, 16, H_kv)
-                ksp, _ = contiguous_to_pages(ks[..., None], block_size=16,
-                                             generator=torch.Generator().manual_seed(1))
-                vsp, _ = contiguous_to_pages(vs[..., None], block_size=16,
-                                             generator=torch.Generator().manual_seed(1))
-                pscales = {"k_scale": ksp[..., 0].contiguous(), "v_scale": vsp[..., 0].contiguous()}
+            kp, table = paged(kc)
+            vp, _ = paged(vc)
+            pscales = {} if ks is None else {"k_scale": paged(ks)[0], "v_scale": paged(vs)[0]}
             lens = torch.full((B,), N, device="cuda", dtype=torch.int32)
             fns[f"paged_decode {name}"] = (
                 lambda kp=kp, vp=vp, t=table, s=pscales: paged_decode(q, kp, vp, t, lens, **s))

@@ -21,20 +21,36 @@ C_DECODE = "#e67e22"
 C_TREE = "#27ae60"
 
 
+def advance(scheduler, steps: int | None = None):
+    """Step ``scheduler`` ``steps`` times (None: until every request is done), every sampled
+    token a stand-in 0: the pictures need only how many tokens each request asks for. Returns
+    the last step's batch."""
+    batch = None
+    while scheduler.has_unfinished() if steps is None else steps > 0:
+        batch = scheduler.step()
+        scheduler.update(batch, [0 for c in batch.chunks if c.samples])
+        steps = None if steps is None else steps - 1
+    return batch
+
+
+def workload_scheduler(static: bool = False):
+    """A ``Scheduler`` with the timeline's ``WORKLOAD`` queued, all arrived at step 0."""
+    from course_lib.serving import Scheduler
+
+    s = Scheduler(num_blocks=64, block_size=4, max_tokens_per_step=TOKEN_BUDGET,
+                  max_running=MAX_RUNNING, static=static)
+    for i, (prompt, new) in enumerate(WORKLOAD):
+        s.add_request([i + 1] * prompt, new)
+    return s
+
+
 def timelines() -> dict:
     """{"continuous" | "static": (steps, rows)}: each policy's number of steps and, per
     request, the (step, "prefill" | "decode", tokens) it ran, from ``Scheduler.history``."""
-    from course_lib.serving import Scheduler
-
     out = {}
     for name in ("continuous", "static"):
-        s = Scheduler(num_blocks=64, block_size=4, max_tokens_per_step=TOKEN_BUDGET,
-                      max_running=MAX_RUNNING, static=name == "static")
-        for i, (prompt, new) in enumerate(WORKLOAD):
-            s.add_request([i + 1] * prompt, new)
-        while s.has_unfinished():
-            batch = s.step()
-            s.update(batch, [0 for c in batch.chunks if c.samples])  # tokens: any will do
+        s = workload_scheduler(static=name == "static")
+        advance(s)
         rows = {rid: [] for rid in s.requests}
         for h in s.history:
             for rid, kind, n in h.chunks:
@@ -85,20 +101,9 @@ def example_tree():
     return TokenTree(tokens=[11, 21, 22, 31, 32, 33, 41], parents=[-1, 0, 0, 1, 1, 2, 3])
 
 
-def token_tree_figure():
-    """Notebook figure: the token tree (nodes at their depth, the position the rotary
-    embedding gives them) beside its mask, node i's row True where it sees node j."""
-    from matplotlib.figure import Figure
-
-    from course_lib.serving import tree_mask
-
-    tree = example_tree()
-    mask = tree_mask(tree).numpy()
-    n = len(tree)
-    fig = Figure(figsize=(12, 4.8), layout="constrained")
-    ax_tree, ax_mask = fig.subplots(1, 2, width_ratios=[1.2, 1])
-    # the tree: x = depth; y: the leaves in depth-first order, a parent between its children
-    by_depth = sorted(set(tree.depths))
+def tree_layout(tree) -> dict:
+    """{node: (x, y)} of a drawing of ``tree``: x its depth, y its place among the leaves in
+    depth-first order (a parent midway between its children)."""
     pos, leaves = {}, []
 
     def place(i):
@@ -113,6 +118,23 @@ def token_tree_figure():
         pos[i] = (tree.depths[i], y)
 
     place(0)
+    return pos
+
+
+def token_tree_figure():
+    """Notebook figure: the token tree (nodes at their depth, the position the rotary
+    embedding gives them) beside its mask, node i's row True where it sees node j."""
+    from matplotlib.figure import Figure
+
+    from course_lib.serving import tree_mask
+
+    tree = example_tree()
+    mask = tree_mask(tree).numpy()
+    n = len(tree)
+    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    ax_tree, ax_mask = fig.subplots(1, 2, width_ratios=[1.2, 1])
+    by_depth = sorted(set(tree.depths))
+    pos = tree_layout(tree)
     for i, parent in enumerate(tree.parents):
         if parent >= 0:
             (x0, y0), (x1, y1) = pos[parent], pos[i]
@@ -155,9 +177,7 @@ def pool_state():
                   max_running=4)
     for i, prompt in enumerate(POOL_PROMPTS):
         s.add_request(list(prompt), max_new_tokens=4, arrival_step=i)
-    for _ in range(len(POOL_PROMPTS)):  # one prefill each; the first token is sampled
-        batch = s.step()
-        s.update(batch, [99 for c in batch.chunks if c.samples])
+    advance(s, len(POOL_PROMPTS))  # one prefill each; the first token is sampled
     tables = {r.request_id: list(r.block_table) for r in s.requests.values()}
     refcounts = [s.allocator.refcount(b) for b in range(POOL_BLOCKS)]
     return tables, refcounts, len(s.cache)

@@ -82,18 +82,11 @@ PACKED_STEP = 1
 def packed_step_batch(step: int = PACKED_STEP):
     """The ``Batch`` of step ``step`` when ``diagrams.serving.WORKLOAD`` is served with
     continuous batching (the timeline's run)."""
-    from course_lib.diagrams.serving import MAX_RUNNING, TOKEN_BUDGET, WORKLOAD
-    from course_lib.serving import Scheduler
+    from course_lib.diagrams.serving import advance, workload_scheduler
 
-    s = Scheduler(num_blocks=64, block_size=4, max_tokens_per_step=TOKEN_BUDGET,
-                  max_running=MAX_RUNNING)
-    for i, (prompt, new) in enumerate(WORKLOAD):
-        s.add_request([i + 1] * prompt, new)
-    while True:
-        batch = s.step()
-        if batch.step == step:
-            return batch
-        s.update(batch, [0 for c in batch.chunks if c.samples])
+    s = workload_scheduler()
+    advance(s, step)
+    return s.step()
 
 
 def packed_step():
@@ -165,14 +158,13 @@ def prefix_state():
     """The scheduler after request A (system prompt + 6 tokens) has run its prefill and B
     (system prompt + 5 tokens) has arrived one step later: (scheduler, {"A": request, "B":
     request}). B's first two blocks are A's, found by their names."""
+    from course_lib.diagrams.serving import advance
     from course_lib.serving import Scheduler
 
     s = Scheduler(num_blocks=POOL, block_size=4, max_tokens_per_step=16, max_running=4)
     reqs = {name: s.add_request(SYSTEM + own, 4, arrival_step=i, request_id=name)
             for i, (name, own) in enumerate(OWN.items())}
-    for _ in range(2):
-        batch = s.step()
-        s.update(batch, [0 for c in batch.chunks if c.samples])
+    advance(s, 2)
     return s, reqs
 
 
@@ -323,7 +315,7 @@ def cascade_speed():
 def token_tree():
     """The notebook's token tree at slide size: the tree (node 0 the last accepted token,
     nodes placed at their depth) beside ``tree_mask``, row i True where node i sees node j."""
-    from course_lib.diagrams.serving import C_TREE, example_tree
+    from course_lib.diagrams.serving import C_TREE, example_tree, tree_layout
     from course_lib.serving import tree_mask
 
     tree = example_tree()
@@ -331,20 +323,7 @@ def token_tree():
     n = len(tree)
     fig = slide_figure(900, 260)
     ax_tree, ax_mask = fig.subplots(1, 2, width_ratios=[1.35, 1])
-    pos, leaves = {}, []
-
-    def place(i):
-        children = tree.children(i)
-        for c in children:
-            place(c)
-        if not children:
-            leaves.append(i)
-            y = -float(len(leaves))
-        else:
-            y = sum(pos[c][1] for c in children) / len(children)
-        pos[i] = (tree.depths[i], y)
-
-    place(0)
+    pos = tree_layout(tree)
     for i, parent in enumerate(tree.parents):
         if parent >= 0:
             (x0, y0), (x1, y1) = pos[parent], pos[i]
@@ -358,7 +337,7 @@ def token_tree():
     ax_tree.set_xlabel("position (L tokens before node 0)")
     ax_tree.set_yticks([])
     ax_tree.set_xlim(-0.4, max(depths) + 0.4)
-    ax_tree.set_ylim(-len(leaves) - 0.6, -0.4)
+    ax_tree.set_ylim(min(y for _, y in pos.values()) - 0.6, -0.4)  # the lowest leaf
     ax_tree.set_title("siblings: candidates for one position", loc="left", fontsize=TITLE_PT)
     style_axes(ax_tree, grid=False)
     ax_tree.spines["left"].set_visible(False)

@@ -999,6 +999,7 @@ def _facts_deck_09(add, load) -> None:
     and the stored cascade run (its graph speed-ups at B 64 are ``_facts_readme``'s)."""
     import torch
 
+    from course_lib.diagrams.slides_09_serving import kv_rows_read
     from course_lib.hardware import GPUS
     from course_lib.kvquant import kv_bytes_per_token
 
@@ -1017,7 +1018,8 @@ def _facts_deck_09(add, load) -> None:
     for P, tag in ((4096, "4k"), (16384, "16k")):
         r = rows[(64, P)]
         B, S = r["B"], r["S"]
-        add(f"d09_rows_ratio_{tag}", f"{B * (P + S) / (P + B * S):.1f}×", "09_serving",
+        whole, casc = kv_rows_read(B, P, S)  # the numbers the deck's cascade figure draws
+        add(f"d09_rows_ratio_{tag}", f"{whole / casc:.1f}×", "09_serving",
             f"data/cascade.json shape B {B}, P {P}, S {S}: K/V rows read per K/V head, "
             "whole context B·(P + S) / cascade P + B·S")
         add(f"d09_us_whole_{tag}", f"{1e3 * r['ms']['whole context (graph)']:.1f} µs",
